@@ -1,0 +1,195 @@
+"""The job's key-value store: served by the launcher, used by workers to find each other.
+
+Workers publish their data-plane address under the job's scope and block (server side, no
+polling) until the peers they need have published theirs. Every connection is authenticated
+with the job secret (see `wire.handshake`); a stranger is logged and dropped while the job goes on.
+The launcher also reads worker failure reports and `horovod.run` results from here.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+from horovod.common import wire
+
+log = logging.getLogger("horovod.rendezvous")
+
+_PUT, _GET, _DELETE, _KEYS = "put", "get", "delete", "keys"
+
+
+class RendezvousServer:
+    """A threaded, authenticated KV store. `start()` returns the port it listens on."""
+
+    def __init__(self, secret_key: bytes, host: str = "127.0.0.1") -> None:
+        self._key = secret_key
+        self._host = host
+        self._data: dict[tuple[str, str], bytes] = {}
+        self._changed = threading.Condition()
+        self._listener: socket.socket | None = None
+        self._closed = False
+        self._threads: list[threading.Thread] = []
+        self._conns: set[socket.socket] = set()
+        self.rejected_connections = 0
+
+    def start(self, port: int = 0) -> int:
+        self._listener = socket.create_server((self._host, port), backlog=128)
+        thread = threading.Thread(target=self._accept_loop, name="hvd-rendezvous", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+        return self._listener.getsockname()[1]
+
+    @property
+    def address(self) -> tuple[str, int]:
+        assert self._listener is not None, "start() first"
+        return self._listener.getsockname()[:2]
+
+    def put(self, scope: str, key: str, value: bytes) -> None:
+        with self._changed:
+            self._data[(scope, key)] = bytes(value)
+            self._changed.notify_all()
+
+    def get(self, scope: str, key: str, timeout: float = 0.0) -> bytes | None:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while (scope, key) not in self._data:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed:
+                    return None
+                self._changed.wait(remaining)
+            return self._data[(scope, key)]
+
+    def keys(self, scope: str) -> list[str]:
+        with self._changed:
+            return sorted(k for s, k in self._data if s == scope)
+
+    def delete_scope(self, scope: str) -> None:
+        with self._changed:
+            for item in [item for item in self._data if item[0] == scope]:
+                del self._data[item]
+
+    def stop(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+        if self._listener is not None:
+            self._listener.close()
+        for conn in list(self._conns):
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while not self._closed:
+            try:
+                conn, peer = self._listener.accept()
+            except OSError:
+                return
+            thread = threading.Thread(
+                target=self._serve, args=(conn, peer), name="hvd-rendezvous-conn", daemon=True
+            )
+            thread.start()
+
+    def _serve(self, conn: socket.socket, peer: Any) -> None:
+        self._conns.add(conn)
+        try:
+            conn.settimeout(10.0)
+            try:
+                wire.handshake(conn, self._key, initiator=False)
+            except (wire.WireError, OSError) as exc:
+                self.rejected_connections += 1
+                log.warning("rendezvous: refused connection from %s: %s", peer, exc)
+                return
+            conn.settimeout(None)
+            while True:
+                try:
+                    request = wire.recv_message(conn)
+                    reply = self._handle(request)
+                except wire.WireError as exc:
+                    if "closed by peer" not in str(exc):
+                        log.warning("rendezvous: dropped %s: %s", peer, exc)
+                    return
+                wire.send_message(conn, reply)
+        except OSError:
+            return
+        finally:
+            self._conns.discard(conn)
+            conn.close()
+
+    def _handle(self, request: Any) -> Any:
+        if not (isinstance(request, tuple) and request and isinstance(request[0], str)):
+            raise wire.WireError("malformed rendezvous request")
+        op, args = request[0], request[1:]
+        try:
+            if op == _PUT:
+                scope, key, value = args
+                self.put(str(scope), str(key), bytes(value))
+                return ("ok",)
+            if op == _GET:
+                scope, key, timeout = args
+                return ("ok", self.get(str(scope), str(key), min(float(timeout), 3600.0)))
+            if op == _DELETE:
+                (scope,) = args
+                self.delete_scope(str(scope))
+                return ("ok",)
+            if op == _KEYS:
+                (scope,) = args
+                return ("ok", self.keys(str(scope)))
+        except (TypeError, ValueError) as exc:
+            raise wire.WireError(f"malformed rendezvous request: {exc}") from None
+        raise wire.WireError(f"unknown rendezvous operation {op!r}")
+
+
+class RendezvousClient:
+    """A worker's connection to the launcher's store. Thread-safe; one request at a time."""
+
+    def __init__(self, host: str, port: int, secret_key: bytes, connect_timeout: float = 30.0) -> None:
+        self._lock = threading.Lock()
+        deadline = time.monotonic() + connect_timeout
+        while True:
+            try:
+                self._sock = socket.create_connection((host, port), timeout=5.0)
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise ConnectionError(
+                        f"cannot reach the rendezvous store at {host}:{port} ({exc}); is horovodrun "
+                        "still running, and is HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT right?"
+                    ) from None
+                time.sleep(0.05)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        wire.handshake(self._sock, secret_key, initiator=True)
+        self._sock.settimeout(None)
+
+    def _call(self, *request: Any) -> Any:
+        with self._lock:
+            wire.send_message(self._sock, request)
+            reply = wire.recv_message(self._sock)
+        return reply[1] if len(reply) > 1 else None
+
+    def put(self, scope: str, key: str, value: bytes) -> None:
+        self._call(_PUT, scope, key, bytes(value))
+
+    def get(self, scope: str, key: str, timeout: float) -> bytes:
+        """Wait up to `timeout` seconds for the key; raise TimeoutError naming it if it never comes."""
+        value = self._call(_GET, scope, key, timeout)
+        if value is None:
+            raise TimeoutError(f"rendezvous: no value for {scope}/{key} after {timeout:.0f} s")
+        return value
+
+    def keys(self, scope: str) -> list[str]:
+        return self._call(_KEYS, scope)
+
+    def delete_scope(self, scope: str) -> None:
+        self._call(_DELETE, scope)
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        except OSError:
+            pass

@@ -1,0 +1,134 @@
+"""Every knob of the runtime, read once from `HOROVOD_*` variables into a frozen dataclass.
+
+The CLI and the config file only ever set environment variables; this is the one place that
+reads them, so a value cannot mean two things in two places.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Mapping
+
+DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(float(raw))
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if value < 0:
+        raise ValueError(f"{name}={value} must be >= 0")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if value < 0:
+        raise ValueError(f"{name}={value} must be >= 0")
+    return value
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    return raw not in ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where this process sits in the job, as the launcher described it."""
+
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+    local_size: int = 1
+    cross_rank: int = 0
+    cross_size: int = 1
+    hostname: str = "localhost"
+
+
+@dataclass(frozen=True)
+class Settings:
+    topology: Topology = field(default_factory=Topology)
+    rendezvous_addr: str | None = None
+    rendezvous_port: int | None = None
+    secret_key: bytes | None = None
+    fusion_threshold: int = DEFAULT_FUSION_THRESHOLD
+    cycle_time_ms: float = 1.0
+    cache_capacity: int = 1024
+    hierarchical_allreduce: bool | None = None
+    hierarchical_allgather: bool | None = None
+    timeline: str | None = None
+    timeline_mark_cycles: bool = False
+    stall_check_disable: bool = False
+    stall_check_time_seconds: float = 60.0
+    stall_shutdown_time_seconds: float = 0.0
+    log_level: str = "warning"
+    log_hide_time: bool = False
+    dynamic_process_sets: bool = False
+    elastic: bool = False
+    cpu_operations: str = "tcp"
+    start_timeout: float = 30.0
+    # How long a peer may stay silent in the middle of a collective before we call it hung.
+    peer_timeout_seconds: float = 30.0
+    iface: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if env is None else env
+        topology = Topology(
+            rank=_int(env, "HOROVOD_RANK", 0),
+            size=max(1, _int(env, "HOROVOD_SIZE", 1)),
+            local_rank=_int(env, "HOROVOD_LOCAL_RANK", 0),
+            local_size=max(1, _int(env, "HOROVOD_LOCAL_SIZE", 1)),
+            cross_rank=_int(env, "HOROVOD_CROSS_RANK", 0),
+            cross_size=max(1, _int(env, "HOROVOD_CROSS_SIZE", 1)),
+            hostname=env.get("HOROVOD_HOSTNAME", "localhost") or "localhost",
+        )
+        if topology.rank >= topology.size:
+            raise ValueError(f"HOROVOD_RANK={topology.rank} must be < HOROVOD_SIZE={topology.size}")
+        port = env.get("HOROVOD_GLOO_RENDEZVOUS_PORT")
+        key_hex = env.get("_HOROVOD_SECRET_KEY")
+        level = env.get("HOROVOD_LOG_LEVEL", "warning").strip().lower() or "warning"
+        if level not in ("trace", "debug", "info", "warning", "error", "fatal"):
+            level = "warning"
+
+        def tristate(name: str) -> bool | None:
+            return _flag(env, name) if env.get(name, "").strip() else None
+
+        return cls(
+            topology=topology,
+            rendezvous_addr=env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR") or None,
+            rendezvous_port=int(port) if port else None,
+            secret_key=bytes.fromhex(key_hex) if key_hex else None,
+            fusion_threshold=_int(env, "HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD),
+            cycle_time_ms=_float(env, "HOROVOD_CYCLE_TIME", 1.0),
+            cache_capacity=_int(env, "HOROVOD_CACHE_CAPACITY", 1024),
+            hierarchical_allreduce=tristate("HOROVOD_HIERARCHICAL_ALLREDUCE"),
+            hierarchical_allgather=tristate("HOROVOD_HIERARCHICAL_ALLGATHER"),
+            timeline=env.get("HOROVOD_TIMELINE") or None,
+            timeline_mark_cycles=_flag(env, "HOROVOD_TIMELINE_MARK_CYCLES"),
+            stall_check_disable=_flag(env, "HOROVOD_STALL_CHECK_DISABLE"),
+            stall_check_time_seconds=_float(env, "HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0),
+            stall_shutdown_time_seconds=_float(env, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0.0),
+            log_level=level,
+            log_hide_time=_flag(env, "HOROVOD_LOG_HIDE_TIME"),
+            dynamic_process_sets=_flag(env, "HOROVOD_DYNAMIC_PROCESS_SETS"),
+            elastic=_flag(env, "HOROVOD_ELASTIC"),
+            cpu_operations=(env.get("HOROVOD_CPU_OPERATIONS") or "tcp").strip().lower(),
+            start_timeout=_float(env, "HOROVOD_START_TIMEOUT", 30.0),
+            peer_timeout_seconds=_float(env, "HOROVOD_GLOO_TIMEOUT_SECONDS", 30.0),
+            iface=env.get("HOROVOD_GLOO_IFACE") or None,
+        )

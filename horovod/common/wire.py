@@ -1,0 +1,123 @@
+"""Authenticated connections: a mutual HMAC challenge-response, then length-prefixed frames.
+
+Every socket between khorovod processes (worker <-> rendezvous store, worker <-> worker) starts
+with `handshake()`. Both sides prove knowledge of the job's secret without sending it, so a
+stranger (or a worker of another job) is refused before it can send a single message. After the
+handshake, control messages travel as frames whose size is capped, so a peer cannot make us
+allocate unbounded memory; payloads are tuples of plain values decoded by an unpickler that
+refuses every global, so no message can construct arbitrary objects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import os
+import pickle
+import socket
+import struct
+from typing import Any
+
+MAGIC = b"KHVD\x01\x00\x00\x00"
+NONCE_BYTES = 32
+DIGEST_BYTES = 32
+MAX_FRAME_BYTES = 256 * 1024 * 1024
+_LEN = struct.Struct("<Q")
+
+
+class WireError(ConnectionError):
+    """The peer broke the protocol, closed the connection, or failed authentication."""
+
+
+class AuthenticationError(WireError):
+    """The peer does not know the job's secret key."""
+
+
+def new_secret_key() -> bytes:
+    return os.urandom(32)
+
+
+def recv_exact(sock: socket.socket, nbytes: int) -> bytearray:
+    buf = bytearray(nbytes)
+    recv_into_exact(sock, memoryview(buf))
+    return buf
+
+
+def recv_into_exact(sock: socket.socket, view: memoryview) -> None:
+    view = view.cast("B")
+    got = 0
+    total = len(view)
+    while got < total:
+        n = sock.recv_into(view[got:], total - got)
+        if n == 0:
+            raise WireError("connection closed by peer")
+        got += n
+
+
+def _digest(key: bytes, role: bytes, nonce_a: bytes, nonce_b: bytes) -> bytes:
+    return hmac.new(key, role + nonce_a + nonce_b, hashlib.sha256).digest()
+
+
+def handshake(sock: socket.socket, key: bytes, initiator: bool) -> None:
+    """Mutually authenticate `sock` with the job secret; raise AuthenticationError on mismatch."""
+    my_nonce = os.urandom(NONCE_BYTES)
+    if initiator:
+        sock.sendall(MAGIC + my_nonce)
+        reply = recv_exact(sock, len(MAGIC) + NONCE_BYTES + DIGEST_BYTES)
+        if bytes(reply[: len(MAGIC)]) != MAGIC:
+            raise WireError("peer does not speak the khorovod protocol")
+        their_nonce = bytes(reply[len(MAGIC) : len(MAGIC) + NONCE_BYTES])
+        expected = _digest(key, b"acceptor", my_nonce, their_nonce)
+        if not hmac.compare_digest(expected, bytes(reply[-DIGEST_BYTES:])):
+            raise AuthenticationError("peer failed authentication (wrong secret key)")
+        sock.sendall(_digest(key, b"initiator", my_nonce, their_nonce))
+        return
+    hello = recv_exact(sock, len(MAGIC) + NONCE_BYTES)
+    if bytes(hello[: len(MAGIC)]) != MAGIC:
+        raise WireError("peer does not speak the khorovod protocol")
+    their_nonce = bytes(hello[len(MAGIC) :])
+    sock.sendall(MAGIC + my_nonce + _digest(key, b"acceptor", their_nonce, my_nonce))
+    proof = bytes(recv_exact(sock, DIGEST_BYTES))
+    if not hmac.compare_digest(proof, _digest(key, b"initiator", their_nonce, my_nonce)):
+        raise AuthenticationError("peer failed authentication (wrong secret key)")
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise WireError(f"refused to decode a message that references {module}.{name}")
+
+
+def encode(message: Any) -> bytes:
+    """Serialise a message made of tuples, lists, dicts, str, bytes, numbers, bool and None."""
+    return pickle.dumps(message, protocol=5)
+
+
+def decode(data: bytes | bytearray | memoryview) -> Any:
+    try:
+        return _PlainUnpickler(io.BytesIO(data)).load()
+    except WireError:
+        raise
+    except Exception as exc:
+        raise WireError(f"malformed message: {exc}") from None
+
+
+def send_frame(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(_LEN.pack(len(payload)) + payload if len(payload) < 65536 else _LEN.pack(len(payload)))
+    if len(payload) >= 65536:
+        sock.sendall(payload)
+
+
+def recv_frame(sock: socket.socket, max_bytes: int = MAX_FRAME_BYTES) -> bytearray:
+    (length,) = _LEN.unpack(recv_exact(sock, _LEN.size))
+    if length > max_bytes:
+        raise WireError(f"peer announced a {length}-byte frame, above the {max_bytes}-byte limit")
+    return recv_exact(sock, length)
+
+
+def send_message(sock: socket.socket, message: Any) -> None:
+    send_frame(sock, encode(message))
+
+
+def recv_message(sock: socket.socket, max_bytes: int = MAX_FRAME_BYTES) -> Any:
+    return decode(recv_frame(sock, max_bytes))
