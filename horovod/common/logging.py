@@ -26,9 +26,13 @@ class _HorovodFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         where = f"{record.levelname} {record.filename}:{record.lineno}"
         if self.hide_time:
-            return f"[{where}] {record.getMessage()}"
-        stamp = self.formatTime(record, "%Y-%m-%d %H:%M:%S") + f".{int(record.msecs * 1000):06d}"
-        return f"[{stamp}: {where}] {record.getMessage()}"
+            line = f"[{where}] {record.getMessage()}"
+        else:
+            stamp = self.formatTime(record, "%Y-%m-%d %H:%M:%S") + f".{int(record.msecs * 1000):06d}"
+            line = f"[{stamp}: {where}] {record.getMessage()}"
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
 
 
 class _BelowWarning(logging.Filter):

@@ -1,0 +1,17 @@
+"""khorovod: Horovod's distributed data-parallel training, rebuilt in pure Python.
+
+`import horovod.torch as hvd` (or `.tensorflow`, `.keras`, `.numpy`) for the training API;
+`horovod.run(func, np=4)` to run a function on several ranks from Python.
+"""
+
+from horovod.version import __version__
+
+
+def run(*args, **kwargs):  # type: ignore[no-untyped-def]
+    """Run a function on several ranks; see `horovod.runner.run`."""
+    from horovod.runner import run as _run
+
+    return _run(*args, **kwargs)
+
+
+__all__ = ["__version__", "run"]

@@ -1,0 +1,379 @@
+"""The background engine: one thread per process that negotiates and runs every collective.
+
+Ranks run *cycles* in lockstep. A cycle starts when this rank has new work or a peer starts one
+(so an idle job costs nothing, and a lone op never waits for a timer). For every process set
+this rank belongs to, in id order, a cycle does:
+
+1. Fast path: all members exchange one small message (status flags, a bitset of the cached
+   tensors they have ready, a bitset of cache entries they found stale). The AND of the ready
+   bits is the set of cached tensors every member submitted: they run with no coordinator trip.
+2. Slow path (only if some member has an uncached or stale request): members send their new
+   requests to the coordinator (rank 0 of the set), which answers with the responses that are
+   ready, checked for consistency.
+3. Execute: every member fuses and runs the same responses in the same order.
+
+A transport failure (dead or hung peer) fails every pending op with the peer named and stops
+the engine; `shutdown()` on any rank stops every rank's engine after the current cycle.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from horovod.common import wire
+from horovod.common.engine.coordinator import Coordinator, stall_message
+from horovod.common.engine.executor import Executor
+from horovod.common.engine.fusion import plan_fusion
+from horovod.common.engine.handles import Entry
+from horovod.common.engine.messages import CACHEABLE, OpType, Request, Response
+from horovod.common.engine.response_cache import ResponseCache
+from horovod.common.exceptions import HorovodInternalError
+from horovod.common.logging import log
+from horovod.common.settings import Settings
+from horovod.common.transport.base import PeerFailure, Transport
+
+_SHUTDOWN, _HAS_UNCACHED, _JOINED, _FORCE_SLOW = 1, 2, 4, 8
+# How often pending work is re-examined for stalls while nothing else happens.
+_TICK_SECONDS = 0.5
+
+
+@dataclass
+class SetState:
+    """Everything the engine keeps per process set."""
+
+    set_id: int
+    members: tuple[int, ...]
+    cache: ResponseCache
+    coordinator: Coordinator | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    new: list[Entry] = field(default_factory=list)  # enqueued, not yet seen by a cycle
+    names: set[str] = field(default_factory=set)  # every name enqueued and not yet answered
+    unsent: dict[str, tuple[Entry, float]] = field(default_factory=dict)  # cached, waiting for peers
+    waiting: dict[str, Entry] = field(default_factory=dict)  # answered by a response soon
+    joined: bool = False
+    last_stall_warning: float = 0.0
+
+    def has_pending(self) -> bool:
+        return bool(self.unsent or self.waiting or (self.coordinator and self.coordinator.table))
+
+
+class Engine:
+    def __init__(self, settings: Settings, transport: Transport, sets: dict[int, tuple[int, ...]],
+                 timeline: object | None) -> None:
+        self.settings = settings
+        self.transport = transport
+        self.rank = transport.rank
+        self.timeline = timeline if self.rank == 0 else None
+        self.executor = Executor(transport, settings.fusion_threshold, self.timeline)
+        self.sets: dict[int, SetState] = {}
+        for set_id, members in sets.items():
+            self._register_set(set_id, members)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        os.set_blocking(self._wake_r, False)
+        self._shutdown_requested = False
+        self._force_cycle = False
+        self._stopped = threading.Event()
+        self.fatal: HorovodInternalError | None = None
+        self._last_cycle_start = 0.0
+        self._thread = threading.Thread(target=self._run, name="hvd-engine", daemon=True)
+
+    # -- framework-thread side --------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def enqueue(self, set_id: int, entries: list[Entry]) -> None:
+        """Queue entries (all of one call) atomically; ValueError on duplicate names."""
+        if self.fatal is not None:
+            raise self.fatal
+        if self._shutdown_requested or self._stopped.is_set():
+            raise HorovodInternalError("Horovod has been shut down on this rank; call hvd.init() again.")
+        state = self.sets.get(set_id)
+        if state is None:
+            raise ValueError(f"process set {set_id} is not registered (was it removed?)")
+        with state.lock:
+            for entry in entries:
+                if entry.name in state.names:
+                    op = entry.name.split(".", 1)[0]
+                    raise ValueError(
+                        f"{op}: a collective named {entry.name!r} is already in flight on rank {self.rank}. "
+                        "Names must be unique until the op completes: pass a different name= or "
+                        "synchronize the first handle."
+                    )
+            for entry in entries:
+                state.names.add(entry.name)
+            state.new.extend(entries)
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass
+
+    def request_shutdown(self, timeout: float = 30.0) -> None:
+        self._shutdown_requested = True
+        self._wake()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("engine did not stop within %.0f s; abandoning it", timeout)
+            self._fail_everything(HorovodInternalError("Horovod shutdown timed out"))
+            self.transport.close()
+
+    def register_set(self, set_id: int, members: tuple[int, ...]) -> None:
+        self._register_set(set_id, members)
+
+    def _register_set(self, set_id: int, members: tuple[int, ...]) -> None:
+        coordinator = None
+        if members and members[0] == self.rank:
+            coordinator = Coordinator(members, self.timeline if set_id == 0 else None)
+        self.sets[set_id] = SetState(set_id, members, ResponseCache(self.settings.cache_capacity), coordinator)
+
+    # -- background thread ------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except PeerFailure as exc:
+            self._die(f"Horovod stopped on rank {self.rank}: {exc}. "
+                      "The rank named here is the one that failed; look at its output for the cause.")
+        except BaseException as exc:  # a bug of ours: report it on every pending op, never hang
+            log.error("engine failed: %r", exc, exc_info=True)
+            self._die(f"Horovod's engine failed on rank {self.rank}: {exc!r}")
+        finally:
+            self._stopped.set()
+            self.transport.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _die(self, message: str) -> None:
+        in_flight = sorted(name for state in self.sets.values() for name in state.names)
+        if in_flight:
+            shown = ", ".join(in_flight[:5]) + (", ..." if len(in_flight) > 5 else "")
+            message += f" Ops in flight on this rank: {shown}."
+        self.fatal = HorovodInternalError(message)
+        self._fail_everything(self.fatal)
+
+    def _fail_everything(self, error: BaseException) -> None:
+        for state in self.sets.values():
+            with state.lock:
+                entries = state.new + [e for e, _ in state.unsent.values()] + list(state.waiting.values())
+                state.new, state.unsent, state.waiting = [], {}, {}
+                state.names.clear()
+            for entry in entries:
+                entry.handle.complete(entry.index, error=error)
+
+    def _busy(self) -> bool:
+        return any(state.unsent or state.waiting for state in self.sets.values())
+
+    def _has_new_work(self) -> bool:
+        return self._shutdown_requested or self._force_cycle or any(state.new for state in self.sets.values())
+
+    def _loop(self) -> None:
+        cycle = self.settings.cycle_time_ms / 1000.0
+        while True:
+            now = time.monotonic()
+            if self._has_new_work():
+                # A lone op starts at once; ops arriving while others are in flight are batched
+                # for up to one cycle time so they can be fused.
+                if not self._busy() or now >= self._last_cycle_start + cycle or self._shutdown_requested:
+                    if not self._cycle():
+                        return
+                    continue
+                timeout = self._last_cycle_start + cycle - now
+            else:
+                timeout = _TICK_SECONDS if any(s.has_pending() for s in self.sets.values()) else None
+            peer_started = self.transport.wait_for_activity(timeout, self._wake_r)
+            try:
+                os.read(self._wake_r, 4096)
+            except BlockingIOError:
+                pass
+            if peer_started:
+                if not self._cycle():
+                    return
+            elif timeout is not None and not self._has_new_work():
+                self._check_stalls()
+
+    def _check_stalls(self) -> None:
+        """Warn (coordinator) or escalate stalled work; may request a cycle."""
+        s = self.settings
+        if s.stall_check_disable:
+            return
+        now = time.monotonic()
+        for state in self.sets.values():
+            if any(now - since >= s.stall_check_time_seconds for _, since in state.unsent.values()):
+                self._force_cycle = True  # stale cache hits renegotiate so the coordinator sees them
+            coordinator = state.coordinator
+            if coordinator is None or not coordinator.table:
+                continue
+            if s.stall_shutdown_time_seconds > 0 and coordinator.stalled(now, s.stall_shutdown_time_seconds):
+                self._force_cycle = True
+            elif now - state.last_stall_warning >= s.stall_check_time_seconds:
+                stalled = coordinator.stalled(now, s.stall_check_time_seconds)
+                if stalled:
+                    state.last_stall_warning = now
+                    log.warning("%s", stall_message(stalled, s.stall_check_time_seconds, False))
+
+    # -- one cycle --------------------------------------------------------------------------
+    def _cycle(self) -> bool:
+        """Run one lockstep cycle over every set this rank is in; False once the job shuts down."""
+        self._last_cycle_start = time.monotonic()
+        if self.timeline is not None and self.timeline.active and self.timeline.mark_cycles:
+            self.timeline.mark_cycle_start()
+        force, self._force_cycle = self._force_cycle, False
+        for set_id in sorted(self.sets):
+            state = self.sets.get(set_id)
+            if state is None or self.rank not in state.members:
+                continue
+            shutdown_ranks, fatal = self._negotiate_and_run(state, force)
+            if fatal:
+                self._die(fatal)
+                return False
+            if shutdown_ranks:
+                who = ", ".join(map(str, shutdown_ranks))
+                self._fail_everything(HorovodInternalError(
+                    f"Horovod has been shut down: rank {who} called hvd.shutdown() (or its process is "
+                    "exiting) while this op was pending. If that rank failed, its error is the cause."))
+                return False
+        return True
+
+    def _negotiate_and_run(self, state: SetState, force: bool) -> tuple[list[int], str]:
+        now = time.monotonic()
+        with state.lock:
+            new, state.new = state.new, []
+        join_request = None
+        for entry in new:
+            if entry.request.op_type == OpType.JOIN:
+                join_request = entry.request
+                state.joined = True
+                state.waiting[entry.name] = entry
+            else:
+                state.unsent[entry.name] = (entry, now)
+        cache = state.cache
+        stall_limit = None if self.settings.stall_check_disable else self.settings.stall_check_time_seconds
+        hits = invalid = 0
+        misses: list[Entry] = []
+        hit_bits: dict[str, int] = {}
+        for name, (entry, since) in list(state.unsent.items()):
+            status, bit = ("miss", -1)
+            if cache.enabled and entry.request.op_type in CACHEABLE:
+                status, bit = cache.lookup(entry.request)
+            if status == "hit" and (stall_limit is None or now - since < stall_limit):
+                hits |= 1 << bit
+                hit_bits[name] = bit
+                continue
+            if bit >= 0:
+                invalid |= 1 << bit
+            misses.append(entry)
+        flags = ((_SHUTDOWN if (state.set_id == 0 and self._shutdown_requested) else 0)
+                 | (_HAS_UNCACHED if (misses or join_request) else 0)
+                 | (_JOINED if state.joined else 0) | (_FORCE_SLOW if force else 0))
+        members = state.members
+        replies = [wire.decode(p) for p in self.transport.exchange(members, wire.encode((flags, hits, invalid)))]
+        all_ones = (1 << cache.num_bits) - 1
+        # Joined ranks submit nothing: only the others decide which cached tensors are ready.
+        common = all_ones if any(not f & _JOINED for f, _, _ in replies) else 0
+        any_invalid, any_flags, shutdown_ranks = 0, 0, []
+        for member, (m_flags, m_hits, m_invalid) in zip(members, replies):
+            if not m_flags & _JOINED:
+                common &= m_hits
+            any_invalid |= m_invalid
+            any_flags |= m_flags
+            if m_flags & _SHUTDOWN:
+                shutdown_ranks.append(member)
+        if any_invalid:
+            common &= ~any_invalid
+            for bit in _bits(any_invalid):
+                cache.erase_bit(bit)
+            for name, bit in list(hit_bits.items()):
+                if any_invalid >> bit & 1:
+                    misses.append(state.unsent[name][0])
+                    del hit_bits[name]
+        responses: list[Response] = []
+        for bit in _bits(common):
+            response = cache.response_for_bit(bit)
+            name = response.names[0]
+            if name in hit_bits:
+                state.waiting[name] = state.unsent.pop(name)[0]
+            responses.append(response)
+        fatal = ""
+        if any_flags & (_HAS_UNCACHED | _FORCE_SLOW) or any_invalid:
+            for entry in misses:
+                state.unsent.pop(entry.name, None)
+                state.waiting[entry.name] = entry
+            requests = [e.request.to_wire() for e in misses] + ([join_request.to_wire()] if join_request else [])
+            fatal, slow = self._slow_path(state, wire.encode(requests))
+            for response in slow:
+                if response.op_type in CACHEABLE and not response.error:
+                    entry = state.waiting.get(response.names[0])
+                    cache.put(response, entry.request.signature() if entry else None)
+            responses.extend(slow)
+        if fatal:
+            return shutdown_ranks, fatal
+        for response in plan_fusion(responses, self.settings.fusion_threshold):
+            self._execute(state, response)
+        return shutdown_ranks, ""
+
+    def _slow_path(self, state: SetState, payload: bytes) -> tuple[str, list[Response]]:
+        members, root = state.members, state.members[0]
+        gathered = self.transport.gather(members, payload, root)
+        answer = None
+        if gathered is not None:
+            coordinator = state.coordinator
+            assert coordinator is not None
+            ready: list[str] = []
+            for blob in gathered:
+                ready.extend(coordinator.add([Request.from_wire(item) for item in wire.decode(blob)]))
+            ready.extend(coordinator.ready_after_joins())
+            responses = coordinator.build_responses(ready)
+            fatal = ""
+            limit = self.settings.stall_shutdown_time_seconds
+            if limit > 0 and not self.settings.stall_check_disable:
+                stalled = coordinator.stalled(time.monotonic(), limit)
+                if stalled:
+                    fatal = stall_message(stalled, limit, True)
+                    log.error("%s", fatal)
+            answer = wire.encode((fatal, [r.to_wire() for r in responses]))
+        fatal, items = wire.decode(self.transport.bcast_bytes(members, answer, root))
+        return fatal, [Response.from_wire(item) for item in items]
+
+    def _execute(self, state: SetState, response: Response) -> None:
+        with state.lock:
+            entries = [state.waiting.pop(name, None) for name in response.names]
+            state.names.difference_update(response.names)
+        if response.op_type == OpType.JOIN:
+            state.joined = False
+        elif response.op_type in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
+            self._change_sets(response, entries)
+            return
+        self.executor.execute(response, entries, state.members)
+
+    def _change_sets(self, response: Response, entries: list[Entry | None]) -> None:
+        if response.op_type == OpType.ADD_PROCESS_SET:
+            set_id = next(i for i in range(1, len(self.sets) + 2) if i not in self.sets)
+            self._register_set(set_id, tuple(response.process_set_ranks))
+            result: object = set_id
+        else:
+            set_id = response.root_rank
+            removed = self.sets.pop(set_id, None)
+            if removed is not None:
+                with removed.lock:
+                    pending = removed.new + [e for e, _ in removed.unsent.values()] + list(removed.waiting.values())
+                for entry in pending:
+                    entry.handle.complete(entry.index, error=HorovodInternalError(
+                        f"process set {set_id} was removed while {entry.name} was pending"))
+            result = removed is not None
+        for entry in entries:
+            if entry is not None:
+                entry.handle.complete(entry.index, result)
+
+
+def _bits(value: int) -> list[int]:
+    """Indices of the set bits of `value`, ascending."""
+    bits = []
+    while value:
+        low = value & -value
+        bits.append(low.bit_length() - 1)
+        value ^= low
+    return bits

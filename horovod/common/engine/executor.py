@@ -1,0 +1,181 @@
+"""Runs one agreed response on this rank: fusion-buffer packing, scaling, the transport call.
+
+Every member executes the same responses in the same order, so the transport calls line up.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from horovod.common.engine.handles import Entry
+from horovod.common.engine.messages import OpType, Response
+from horovod.common.exceptions import HorovodInternalError
+from horovod.common.reduce_ops import SUPPORTED_DTYPES, Average, Sum, scale_in_place
+from horovod.common.transport.base import Transport
+
+
+def _numel(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+class Executor:
+    def __init__(self, transport: Transport, fusion_threshold: int, timeline: object | None) -> None:
+        self.transport = transport
+        self.fusion_threshold = fusion_threshold
+        self.timeline = timeline
+        self._fusion = np.empty(0, np.uint8)
+
+    def _fusion_bytes(self, nbytes: int) -> np.ndarray:
+        """The persistent fusion buffer, grown once to the threshold and then reused."""
+        if self._fusion.nbytes < nbytes:
+            self._fusion = np.empty(max(nbytes, min(self.fusion_threshold, 1 << 30)), np.uint8)
+        return self._fusion[:nbytes]
+
+    def _activity(self, names: list[str], activity: str | None) -> None:
+        if self.timeline is not None and self.timeline.active:
+            if activity is None:
+                self.timeline.activity_end_all(names)
+            else:
+                self.timeline.activity_start_all(names, activity)
+
+    def execute(self, response: Response, entries: list[Entry | None], members: tuple[int, ...]) -> None:
+        op = response.op_type
+        timeline = self.timeline if self.timeline is not None and self.timeline.active else None
+        if timeline is not None and op not in (OpType.ERROR, OpType.JOIN, OpType.BARRIER):
+            for name in response.names:
+                timeline.start_op(name, OpType(op).name)
+        if op == OpType.ERROR:
+            for entry in entries:
+                if entry is not None:
+                    entry.handle.complete(entry.index, error=HorovodInternalError(response.error))
+            return
+        if op == OpType.ALLREDUCE:
+            self._allreduce(response, entries, members)
+        elif op == OpType.ALLGATHER:
+            self._allgather(response, entries[0], members)
+        elif op == OpType.BROADCAST:
+            self._broadcast(response, entries[0], members)
+        elif op == OpType.ALLTOALL:
+            self._alltoall(response, entries[0], members)
+        elif op == OpType.REDUCESCATTER:
+            self._reducescatter(response, entries[0], members)
+        elif op == OpType.JOIN:
+            for entry in entries:
+                if entry is not None:
+                    entry.handle.complete(entry.index, response.last_joined_rank)
+            return
+        elif op == OpType.BARRIER:
+            for entry in entries:
+                if entry is not None:
+                    entry.handle.complete(entry.index, None)
+            return
+        if timeline is not None:
+            for name, shape in zip(response.names, response.shapes):
+                timeline.end_op(name, response.dtype, tuple(shape))
+
+    def _allreduce(self, response: Response, entries: list[Entry | None], members: tuple[int, ...]) -> None:
+        dtype = SUPPORTED_DTYPES[response.dtype]
+        postscale = response.postscale / len(members) if response.reduce_op == Average else response.postscale
+        wire_op = Sum if response.reduce_op == Average else response.reduce_op
+        activity = f"{self.transport.name.upper()}_ALLREDUCE"
+        if len(entries) == 1:
+            entry = entries[0]
+            if entry is None:  # joined rank: contribute zeros
+                buf = np.zeros(_numel(response.shapes[0]), dtype)
+            else:
+                out = entry.output
+                assert out is not None and entry.tensor is not None
+                if out is not entry.tensor:
+                    np.copyto(out, entry.tensor)
+                buf = out.reshape(-1)
+            scale_in_place(buf, response.prescale)
+            self._activity(response.names, activity)
+            self.transport.allreduce(members, buf, wire_op)
+            self._activity(response.names, None)
+            scale_in_place(buf, postscale)
+            if entry is not None:
+                entry.handle.complete(entry.index, entry.output)
+            return
+        counts = [_numel(shape) for shape in response.shapes]
+        fused = self._fusion_bytes(sum(counts) * dtype.itemsize).view(dtype)
+        self._activity(response.names, "MEMCPY_IN_FUSION_BUFFER")
+        offset = 0
+        for entry, count in zip(entries, counts):
+            if entry is None:
+                fused[offset:offset + count] = 0
+            else:
+                fused[offset:offset + count] = entry.tensor.reshape(-1)
+            offset += count
+        self._activity(response.names, None)
+        scale_in_place(fused, response.prescale)
+        self._activity(response.names, activity)
+        self.transport.allreduce(members, fused, wire_op)
+        self._activity(response.names, None)
+        scale_in_place(fused, postscale)
+        self._activity(response.names, "MEMCPY_OUT_FUSION_BUFFER")
+        offset = 0
+        for entry, count in zip(entries, counts):
+            if entry is not None:
+                entry.output.reshape(-1)[:] = fused[offset:offset + count]
+            offset += count
+        self._activity(response.names, None)
+        for entry in entries:
+            if entry is not None:
+                entry.handle.complete(entry.index, entry.output)
+
+    def _allgather(self, response: Response, entry: Entry | None, members: tuple[int, ...]) -> None:
+        assert entry is not None and entry.tensor is not None
+        trailing = tuple(response.shapes[0][1:])
+        row = _numel(trailing)
+        first_dims = response.first_dims[0]
+        out = np.empty((sum(first_dims),) + trailing, SUPPORTED_DTYPES[response.dtype])
+        self._activity(response.names, f"{self.transport.name.upper()}_ALLGATHER")
+        self.transport.allgatherv(members, entry.tensor.reshape(-1), out.reshape(-1),
+                                  [d * row for d in first_dims])
+        self._activity(response.names, None)
+        entry.handle.complete(entry.index, out)
+
+    def _broadcast(self, response: Response, entry: Entry | None, members: tuple[int, ...]) -> None:
+        assert entry is not None and entry.output is not None and entry.tensor is not None
+        if self.transport.rank == response.root_rank and entry.output is not entry.tensor:
+            np.copyto(entry.output, entry.tensor)
+        self._activity(response.names, f"{self.transport.name.upper()}_BCAST")
+        self.transport.broadcast(members, entry.output.reshape(-1), response.root_rank)
+        self._activity(response.names, None)
+        entry.handle.complete(entry.index, entry.output)
+
+    def _alltoall(self, response: Response, entry: Entry | None, members: tuple[int, ...]) -> None:
+        assert entry is not None and entry.tensor is not None
+        me = members.index(self.transport.rank)
+        trailing = tuple(entry.tensor.shape[1:])
+        row = _numel(trailing)
+        send_rows = response.splits[me]
+        recv_rows = [response.splits[src][me] for src in range(len(members))]
+        out = np.empty((sum(recv_rows),) + trailing, entry.tensor.dtype)
+        send = entry.tensor.reshape(-1)[: sum(send_rows) * row]
+        self._activity(response.names, f"{self.transport.name.upper()}_ALLTOALL")
+        self.transport.alltoallv(members, send, [r * row for r in send_rows], out.reshape(-1),
+                                 [r * row for r in recv_rows])
+        self._activity(response.names, None)
+        entry.handle.complete(entry.index, (out, np.asarray(recv_rows, np.int32)))
+
+    def _reducescatter(self, response: Response, entry: Entry | None, members: tuple[int, ...]) -> None:
+        assert entry is not None and entry.tensor is not None and entry.output is not None
+        n = len(members)
+        shape = response.shapes[0]
+        row = _numel(shape[1:])
+        counts = [(shape[0] // n + (i < shape[0] % n)) * row for i in range(n)]
+        dtype = entry.tensor.dtype
+        scratch = self._fusion_bytes(entry.tensor.nbytes).view(dtype)
+        np.copyto(scratch, entry.tensor.reshape(-1))
+        scale_in_place(scratch, response.prescale)
+        wire_op = Sum if response.reduce_op == Average else response.reduce_op
+        self._activity(response.names, f"{self.transport.name.upper()}_REDUCESCATTER")
+        self.transport.reducescatter(members, scratch, entry.output.reshape(-1), counts, wire_op)
+        self._activity(response.names, None)
+        postscale = response.postscale / n if response.reduce_op == Average else response.postscale
+        scale_in_place(entry.output.reshape(-1), postscale)
+        entry.handle.complete(entry.index, entry.output)

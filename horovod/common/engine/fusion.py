@@ -1,0 +1,53 @@
+"""Tensor fusion planning: which ready allreduces travel together in one buffer.
+
+Pure and deterministic: every member runs it on the same response list and gets the same plan.
+"""
+
+from __future__ import annotations
+
+from horovod.common.engine.messages import OpType, Response
+from horovod.common.reduce_ops import SUPPORTED_DTYPES
+
+
+def _fusion_key(response: Response) -> tuple:
+    return (response.dtype, response.reduce_op, response.prescale, response.postscale)
+
+
+def plan_fusion(responses: list[Response], threshold_bytes: int) -> list[Response]:
+    """Merge allreduces with the same dtype, op and scale factors while they fit the threshold.
+
+    Looks past non-matching responses (e.g. fp16 and fp32 gradients interleaved), keeping the
+    first position of each fused group, so execution order stays the same on every rank.
+    """
+    if threshold_bytes <= 0:
+        return list(responses)
+    planned: list[Response] = []
+    used = [False] * len(responses)
+    for i, first in enumerate(responses):
+        if used[i]:
+            continue
+        used[i] = True
+        if first.op_type != OpType.ALLREDUCE or first.error:
+            planned.append(first)
+            continue
+        itemsize = SUPPORTED_DTYPES[first.dtype].itemsize
+        total = first.tensor_bytes(itemsize)
+        if total >= threshold_bytes:
+            planned.append(first)
+            continue
+        key = _fusion_key(first)
+        names, shapes = list(first.names), list(first.shapes)
+        for j in range(i + 1, len(responses)):
+            other = responses[j]
+            if used[j] or other.op_type != OpType.ALLREDUCE or other.error or _fusion_key(other) != key:
+                continue
+            size = other.tensor_bytes(itemsize)
+            if total + size > threshold_bytes:
+                continue
+            used[j] = True
+            total += size
+            names.extend(other.names)
+            shapes.extend(other.shapes)
+        planned.append(Response(OpType.ALLREDUCE, names, first.dtype, shapes, reduce_op=first.reduce_op,
+                                prescale=first.prescale, postscale=first.postscale))
+    return planned

@@ -1,0 +1,281 @@
+"""The framework-neutral collective API: enqueue numpy arrays, get a `Handle` back.
+
+Every framework adapter turns its tensors into numpy arrays that share memory with them (no
+copy), calls these functions, and wraps the handle. Argument errors that one rank can see on
+its own raise `ValueError` here, on the calling rank, before anything is sent.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from horovod.common import basics
+from horovod.common.engine.handles import Entry, Handle
+from horovod.common.engine.messages import OpType, Request
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.common.reduce_ops import Adasum, Average, Sum, check_reducible, dtype_name
+
+
+def _op_name(prefix: str, name: str | None, rt: basics.Runtime) -> str:
+    return f"{prefix}.{name}" if name else f"{prefix}.noname.{rt.next_anonymous_id()}"
+
+
+def _group_names(prefix: str, name: str | None, count: int, rt: basics.Runtime) -> list[str]:
+    base = _op_name(prefix, name, rt)
+    return [f"{base}_{i + 1}of{count}" for i in range(count)]
+
+
+def _check_array(array: object, op: str, name: str) -> np.ndarray:
+    if not isinstance(array, np.ndarray):
+        raise ValueError(f"{op} {name}: expected a numpy array, got {type(array).__name__}")
+    if not array.flags.c_contiguous:
+        raise ValueError(f"{op} {name}: the tensor is not contiguous; pass a contiguous copy "
+                         "(numpy.ascontiguousarray / tensor.contiguous())")
+    dtype_name(array.dtype)
+    return array
+
+
+def _check_reduce(op: int, dtype: str, what: str) -> None:
+    if op == Adasum:
+        raise NotImplementedError(
+            f"{what}: op=Adasum is not implemented in khorovod yet (it needs its own issue: the "
+            "pairwise adaptive-sum reduction). Use op=Average or op=Sum.")
+    check_reducible(dtype, op)
+
+
+def _request(rt: basics.Runtime, op_type: OpType, name: str, array: np.ndarray | None, **fields: object) -> Request:
+    return Request(rt.settings.topology.rank, op_type, name,
+                   dtype_name(array.dtype) if array is not None else "",
+                   tuple(array.shape) if array is not None else (), **fields)  # type: ignore[arg-type]
+
+
+def grouped_allreduce_async(tensors: Sequence[np.ndarray], name: str | None = None, op: int = Average,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set,
+                            outputs: Sequence[np.ndarray] | None = None, prefix: str = "grouped_allreduce"
+                            ) -> Handle:
+    """Allreduce a list of arrays as one unit (they may fuse); result: the list of outputs.
+
+    Pass `outputs=tensors` to reduce in place."""
+    rt = basics.runtime()
+    names = _group_names(prefix, name, len(tensors), rt)
+    return _allreduce_entries(rt, tensors, names, op, prescale_factor, postscale_factor, process_set,
+                              outputs, grouped=True)
+
+
+def allreduce_async(tensor: np.ndarray, name: str | None = None, op: int = Average,
+                    prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set, output: np.ndarray | None = None) -> Handle:
+    """Reduce `tensor` across the set; result: `output` (a new array unless given; pass the
+    input itself to reduce in place)."""
+    rt = basics.runtime()
+    return _allreduce_entries(rt, [tensor], [_op_name("allreduce", name, rt)], op, prescale_factor,
+                              postscale_factor, process_set, None if output is None else [output], grouped=False)
+
+
+def _allreduce_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names: list[str], op: int,
+                       prescale: float, postscale: float, process_set: ProcessSet,
+                       outputs: Sequence[np.ndarray] | None, grouped: bool) -> Handle:
+    handle = Handle(len(tensors), grouped, names[0] if names else "grouped_allreduce")
+    entries = []
+    for i, (tensor, name) in enumerate(zip(tensors, names)):
+        tensor = _check_array(tensor, "allreduce", name)
+        _check_reduce(op, dtype_name(tensor.dtype), f"allreduce {name}")
+        output = outputs[i] if outputs is not None else np.empty_like(tensor)
+        if output.shape != tensor.shape or output.dtype != tensor.dtype or not output.flags.c_contiguous:
+            raise ValueError(f"allreduce {name}: the output must be a contiguous array of the input's "
+                             f"shape and dtype ({tensor.shape}, {tensor.dtype})")
+        request = _request(rt, OpType.ALLREDUCE, name, tensor, reduce_op=op, prescale=float(prescale),
+                           postscale=float(postscale))
+        entries.append(Entry(request, tensor, output, handle, i))
+    if not entries:
+        handle._event.set()
+        return handle
+    rt.submit(process_set, entries)
+    return handle
+
+
+def grouped_allgather_async(tensors: Sequence[np.ndarray], name: str | None = None,
+                            process_set: ProcessSet = global_process_set) -> Handle:
+    rt = basics.runtime()
+    return _allgather_entries(rt, tensors, _group_names("grouped_allgather", name, len(tensors), rt),
+                              process_set, grouped=True)
+
+
+def allgather_async(tensor: np.ndarray, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    """Concatenate every member's `tensor` along dim 0 (dim 0 may differ per rank)."""
+    rt = basics.runtime()
+    return _allgather_entries(rt, [tensor], [_op_name("allgather", name, rt)], process_set, grouped=False)
+
+
+def _allgather_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names: list[str],
+                       process_set: ProcessSet, grouped: bool) -> Handle:
+    handle = Handle(len(tensors), grouped, names[0] if names else "grouped_allgather")
+    entries = []
+    for i, (tensor, name) in enumerate(zip(tensors, names)):
+        tensor = _check_array(tensor, "allgather", name)
+        if tensor.ndim == 0:
+            raise ValueError(f"allgather {name}: cannot gather a rank-zero tensor; reshape it to [1]")
+        entries.append(Entry(_request(rt, OpType.ALLGATHER, name, tensor), tensor, None, handle, i))
+    if not entries:
+        handle._event.set()
+        return handle
+    rt.submit(process_set, entries)
+    return handle
+
+
+def broadcast_async(tensor: np.ndarray, root_rank: int, name: str | None = None,
+                    process_set: ProcessSet = global_process_set, output: np.ndarray | None = None) -> Handle:
+    """Every member receives the global rank `root_rank`'s tensor (in `output`; pass the input
+    to broadcast in place)."""
+    rt = basics.runtime()
+    full_name = _op_name("broadcast", name, rt)
+    tensor = _check_array(tensor, "broadcast", full_name)
+    process_set._require_registered()
+    if root_rank not in process_set.ranks:
+        raise ValueError(f"broadcast {full_name}: root_rank {root_rank} is not a member of {process_set}")
+    output = np.empty_like(tensor) if output is None else output
+    handle = Handle(1, False, full_name)
+    request = _request(rt, OpType.BROADCAST, full_name, tensor, root_rank=int(root_rank))
+    rt.submit(process_set, [Entry(request, tensor, output, handle)])
+    return handle
+
+
+def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = None, name: str | None = None,
+                   process_set: ProcessSet = global_process_set) -> Handle:
+    """Send splits[j] rows to member j; result: (received rows, received splits as int32)."""
+    rt = basics.runtime()
+    full_name = _op_name("alltoall", name, rt)
+    tensor = _check_array(tensor, "alltoall", full_name)
+    process_set._require_registered()
+    n = len(process_set.ranks)
+    if tensor.ndim == 0:
+        raise ValueError(f"alltoall {full_name}: cannot scatter a rank-zero tensor; reshape it to [1]")
+    if splits is None:
+        if tensor.shape[0] % n:
+            raise ValueError(f"alltoall {full_name}: without splits, dim 0 ({tensor.shape[0]}) must divide "
+                             f"evenly by the set size {n}; pass splits= to send uneven parts")
+        split_list = [tensor.shape[0] // n] * n
+    else:
+        arr = np.asarray(splits)
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise ValueError(f"alltoall {full_name}: splits must be a 1-D list of integers, got {splits!r}")
+        split_list = [int(s) for s in arr]
+        if len(split_list) != n:
+            raise ValueError(f"alltoall {full_name}: splits has {len(split_list)} entries; the set has {n} members")
+        if any(s < 0 for s in split_list) or sum(split_list) > tensor.shape[0]:
+            raise ValueError(f"alltoall {full_name}: splits {split_list} must be >= 0 and sum to at most "
+                             f"dim 0 ({tensor.shape[0]})")
+    handle = Handle(1, False, full_name)
+    request = _request(rt, OpType.ALLTOALL, full_name, tensor, splits=tuple(split_list))
+    rt.submit(process_set, [Entry(request, tensor, None, handle)])
+    return handle
+
+
+def grouped_reducescatter_async(tensors: Sequence[np.ndarray], name: str | None = None, op: int = Average,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                                process_set: ProcessSet = global_process_set) -> Handle:
+    rt = basics.runtime()
+    names = _group_names("grouped_reducescatter", name, len(tensors), rt)
+    return _reducescatter_entries(rt, tensors, names, op, prescale_factor, postscale_factor, process_set, True)
+
+
+def reducescatter_async(tensor: np.ndarray, name: str | None = None, op: int = Average,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                        process_set: ProcessSet = global_process_set) -> Handle:
+    """Reduce across the set and keep this member's block of dim 0 (the first dim0 % n members
+    get one extra row)."""
+    rt = basics.runtime()
+    return _reducescatter_entries(rt, [tensor], [_op_name("reducescatter", name, rt)], op, prescale_factor,
+                                  postscale_factor, process_set, False)
+
+
+def _reducescatter_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names: list[str], op: int,
+                           prescale: float, postscale: float, process_set: ProcessSet, grouped: bool) -> Handle:
+    process_set._require_registered()
+    n = len(process_set.ranks)
+    me = process_set.ranks.index(rt.settings.topology.rank) if rt.settings.topology.rank in process_set.ranks else 0
+    handle = Handle(len(tensors), grouped, names[0] if names else "grouped_reducescatter")
+    entries = []
+    for i, (tensor, name) in enumerate(zip(tensors, names)):
+        tensor = _check_array(tensor, "reducescatter", name)
+        if op not in (Average, Sum):
+            raise ValueError(f"reducescatter {name}: only op=Average or op=Sum are supported")
+        _check_reduce(op, dtype_name(tensor.dtype), f"reducescatter {name}")
+        if tensor.ndim == 0:
+            raise ValueError(f"reducescatter {name}: cannot scatter a rank-zero tensor; reshape it to [1]")
+        rows = tensor.shape[0] // n + (me < tensor.shape[0] % n)
+        output = np.empty((rows,) + tensor.shape[1:], tensor.dtype)
+        request = _request(rt, OpType.REDUCESCATTER, name, tensor, reduce_op=op, prescale=float(prescale),
+                           postscale=float(postscale))
+        entries.append(Entry(request, tensor, output, handle, i))
+    if not entries:
+        handle._event.set()
+        return handle
+    rt.submit(process_set, entries)
+    return handle
+
+
+def join_async(process_set: ProcessSet = global_process_set) -> Handle:
+    """This rank has no more data: it contributes zeros to allreduces until every rank joined.
+    Result: the global rank that joined last (the same on every rank)."""
+    rt = basics.runtime()
+    handle = Handle(1, False, "join.noname")
+    rt.submit(process_set, [Entry(_request(rt, OpType.JOIN, "join.noname", None), None, None, handle)])
+    return handle
+
+
+def barrier_async(process_set: ProcessSet = global_process_set) -> Handle:
+    rt = basics.runtime()
+    handle = Handle(1, False, "barrier.noname")
+    rt.submit(process_set, [Entry(_request(rt, OpType.BARRIER, "barrier.noname", None), None, None, handle)])
+    return handle
+
+
+def poll(handle: Handle) -> bool:
+    """True once the op finished (successfully or not); never blocks."""
+    return handle.poll()
+
+
+def synchronize(handle: Handle) -> object:
+    """Wait for the op and return its result; raises HorovodInternalError if it failed."""
+    return handle.wait()
+
+
+# Objects travel as cloudpickled uint8 arrays: first the length, then the bytes.
+def broadcast_object(obj: object, root_rank: int = 0, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> object:
+    """Send any picklable object from `root_rank` to every member; returns it everywhere."""
+    import cloudpickle
+
+    name = name or type(obj).__name__
+    if basics.rank() == root_rank:
+        payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
+        length = np.array([payload.size], np.int64)
+    else:
+        payload, length = None, np.zeros(1, np.int64)
+    broadcast_async(length, root_rank, f"{name}.sz", process_set, output=length).wait()
+    if payload is None:
+        payload = np.empty(int(length[0]), np.uint8)
+    data = broadcast_async(payload, root_rank, f"{name}.t", process_set,
+                           output=payload if basics.rank() != root_rank else None).wait()
+    return obj if basics.rank() == root_rank else cloudpickle.loads(data.tobytes())
+
+
+def allgather_object(obj: object, name: str | None = None,
+                     process_set: ProcessSet = global_process_set) -> list[object]:
+    """Every member's object, as a list in member order."""
+    import cloudpickle
+
+    name = name or type(obj).__name__
+    payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
+    sizes = allgather_async(np.array([payload.size], np.int64), f"{name}.sz", process_set).wait()
+    data = allgather_async(payload, f"{name}.t", process_set).wait()
+    result, offset = [], 0
+    for size in sizes:
+        result.append(cloudpickle.loads(data[offset:offset + int(size)].tobytes()))
+        offset += int(size)
+    return result

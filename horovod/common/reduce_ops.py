@@ -1,0 +1,72 @@
+"""Reduction operators and dtypes: the arithmetic every transport shares.
+
+Op codes are Horovod's (`Average=0 ... Product=5`). Average is never a transport-level op: the
+engine reduces with Sum and multiplies by 1/n afterwards, as Horovod's core does, so integer
+averages truncate toward zero.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+
+try:  # bfloat16 has no numpy dtype of its own; ml_dtypes (shipped with JAX and TensorFlow) adds one.
+    import ml_dtypes
+
+    BFLOAT16: np.dtype | None = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - depends on the environment
+    BFLOAT16 = None
+
+_NUMERIC = ["uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"]
+SUPPORTED_DTYPES: dict[str, np.dtype] = {name: np.dtype(name) for name in _NUMERIC + ["bool"]}
+if BFLOAT16 is not None:
+    SUPPORTED_DTYPES["bfloat16"] = BFLOAT16
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """Our wire name of a dtype; ValueError (naming the supported ones) when we cannot move it."""
+    name = np.dtype(dtype).name
+    if name not in SUPPORTED_DTYPES:
+        hint = " (install ml_dtypes for bfloat16)" if name == "bfloat16" else ""
+        raise ValueError(
+            f"tensor type {name} is not supported{hint}; supported types: {', '.join(SUPPORTED_DTYPES)}"
+        )
+    return name
+
+
+def check_reducible(dtype_str: str, op: int) -> None:
+    """Reject combinations that have no sensible meaning (averaging booleans, Adasum on ints)."""
+    if op not in OP_NAMES:
+        raise ValueError(f"unknown reduction op {op}; use one of {', '.join(OP_NAMES.values())}")
+    if dtype_str == "bool" and op in (Average, Adasum):
+        raise ValueError(f"{OP_NAMES[op]} of bool tensors has no meaning; use Sum, Min, Max or Product")
+
+
+def _bool_kernel(op: int) -> Callable[..., np.ndarray]:
+    return np.logical_or if op in (Sum, Max) else np.logical_and
+
+
+_KERNELS: dict[int, Callable[..., np.ndarray]] = {
+    Sum: np.add,
+    Average: np.add,
+    Min: np.minimum,
+    Max: np.maximum,
+    Product: np.multiply,
+}
+
+
+def reduce_into(dst: np.ndarray, src: np.ndarray, op: int) -> None:
+    """dst = dst (op) src, element-wise, in place."""
+    kernel = _bool_kernel(op) if dst.dtype == np.bool_ else _KERNELS[op]
+    kernel(dst, src, out=dst)
+
+
+def scale_in_place(buf: np.ndarray, factor: float) -> None:
+    """Multiply by a double factor and store back in the element type (ints truncate toward 0)."""
+    if factor == 1.0:
+        return
+    np.multiply(buf, factor, out=buf, casting="unsafe")

@@ -1,0 +1,388 @@
+"""The built-in transport: a full mesh of authenticated TCP connections.
+
+Large allreduces run as a bandwidth-optimal ring (reduce-scatter, then allgather). Within a ring
+step, a per-peer sender thread pushes our segment while this thread receives the neighbour's
+segment chunk by chunk and reduces each chunk as it lands, so sending, receiving and reducing
+overlap. Small messages skip the ring: every member sends its whole buffer to every other and
+reduces locally in member order, which costs one network latency instead of 2(n-1).
+"""
+
+from __future__ import annotations
+
+import queue
+import selectors
+import socket
+import threading
+import time
+from typing import Sequence
+
+import numpy as np
+
+from horovod.common import wire
+from horovod.common.reduce_ops import reduce_into
+from horovod.common.rendezvous import RendezvousClient
+from horovod.common.transport import register
+from horovod.common.transport.base import PeerFailure, Transport
+
+# Below this many bytes a message is sent from the calling thread (it fits in the socket buffers).
+INLINE_SEND_BYTES = 64 * 1024
+# Below this many bytes an allreduce is a direct exchange instead of a ring.
+DIRECT_ALLREDUCE_BYTES = 256 * 1024
+# Receive-and-reduce granularity of the ring: big enough to amortise calls, small enough to overlap.
+RING_CHUNK_BYTES = 1024 * 1024
+SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+
+
+class _Peer:
+    """One authenticated connection, with a sender thread for large asynchronous sends."""
+
+    def __init__(self, rank: int, sock: socket.socket, timeout: float) -> None:
+        self.rank = rank
+        self.sock = sock
+        self.timeout = timeout
+        self._outbox: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
+        self._pending = 0
+        self._idle = threading.Condition()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._send_loop, name=f"hvd-send-{rank}", daemon=True)
+        self._thread.start()
+
+    def _send_loop(self) -> None:
+        while True:
+            view = self._outbox.get()
+            if view is None:
+                return
+            try:
+                if self._error is None:
+                    self.sock.sendall(view)
+            except OSError as exc:
+                self._error = exc
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
+
+    def send(self, data: bytes | bytearray | memoryview | np.ndarray) -> None:
+        view = memoryview(data).cast("B")
+        if view.nbytes <= INLINE_SEND_BYTES and self._pending == 0:
+            try:
+                self.sock.sendall(view)
+            except OSError as exc:
+                raise self.failure(exc) from None
+            return
+        with self._idle:
+            self._pending += 1
+        self._outbox.put(view)
+
+    def flush(self) -> None:
+        """Wait until every queued send has left; raise PeerFailure if one could not."""
+        deadline = time.monotonic() + self.timeout
+        with self._idle:
+            while self._pending:
+                if not self._idle.wait(max(0.0, deadline - time.monotonic())):
+                    raise PeerFailure(self.rank, f"accepted no data for {self.timeout:.0f} s (hung?)")
+        if self._error is not None:
+            raise self.failure(self._error)
+
+    def recv_into(self, view: memoryview | np.ndarray) -> None:
+        try:
+            wire.recv_into_exact(self.sock, memoryview(view))
+        except socket.timeout:
+            raise PeerFailure(self.rank, f"sent nothing for {self.timeout:.0f} s (hung?)") from None
+        except (OSError, wire.WireError) as exc:
+            raise self.failure(exc) from None
+
+    def send_frame(self, payload: bytes) -> None:
+        self.send(wire._LEN.pack(len(payload)) + payload if len(payload) <= INLINE_SEND_BYTES else
+                  wire._LEN.pack(len(payload)))
+        if len(payload) > INLINE_SEND_BYTES:
+            self.send(payload)
+
+    def recv_frame(self) -> bytes:
+        header = bytearray(wire._LEN.size)
+        self.recv_into(header)
+        (length,) = wire._LEN.unpack(header)
+        if length > wire.MAX_FRAME_BYTES:
+            raise PeerFailure(self.rank, f"sent a {length}-byte control frame (protocol violation)")
+        body = bytearray(length)
+        self.recv_into(body)
+        return bytes(body)
+
+    def failure(self, exc: BaseException) -> PeerFailure:
+        if isinstance(exc, PeerFailure):
+            return exc
+        if isinstance(exc, (ConnectionResetError, BrokenPipeError, wire.WireError)):
+            return PeerFailure(self.rank, "closed its connection (its process exited or crashed)")
+        return PeerFailure(self.rank, f"connection failed: {exc}")
+
+    def close(self) -> None:
+        self._outbox.put(None)
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        self._thread.join(timeout=1.0)
+
+
+def _advertised_host(rendezvous_addr: str) -> str:
+    """The address peers should use to reach us: loopback for a one-host job, else our route out."""
+    if rendezvous_addr in ("localhost", "") or rendezvous_addr.startswith("127."):
+        return "127.0.0.1"
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((rendezvous_addr, 9))
+        return probe.getsockname()[0]
+    finally:
+        probe.close()
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+
+
+class TcpTransport(Transport):
+    name = "tcp"
+
+    def __init__(self, rank: int, size: int, rendezvous: RendezvousClient | None, secret_key: bytes | None,
+                 generation: int, rendezvous_addr: str = "127.0.0.1", start_timeout: float = 30.0,
+                 peer_timeout: float = 30.0, **_: object) -> None:
+        super().__init__(rank, size)
+        self._peers: dict[int, _Peer] = {}
+        self._scratch = np.empty(0, np.uint8)
+        self._selector: selectors.BaseSelector | None = None
+        if size > 1:
+            assert rendezvous is not None and secret_key is not None
+            self._connect_mesh(rendezvous, secret_key, generation, rendezvous_addr, start_timeout, peer_timeout)
+
+    # -- setup ------------------------------------------------------------------------------
+    def _connect_mesh(self, rendezvous: RendezvousClient, key: bytes, generation: int, rendezvous_addr: str,
+                      start_timeout: float, peer_timeout: float) -> None:
+        host = _advertised_host(rendezvous_addr)
+        listener = socket.create_server((host if host == "127.0.0.1" else "", 0), backlog=self.size)
+        scope = f"transport.{generation}"
+        rendezvous.put(scope, str(self.rank), f"{host}:{listener.getsockname()[1]}".encode())
+        deadline = time.monotonic() + start_timeout
+        try:
+            for peer in range(self.rank):
+                addr = rendezvous.get(scope, str(peer), max(0.1, deadline - time.monotonic())).decode()
+                peer_host, port = addr.rsplit(":", 1)
+                sock = socket.create_connection((peer_host, int(port)), timeout=start_timeout)
+                _tune(sock)
+                wire.handshake(sock, key, initiator=True)
+                wire.send_message(sock, ("hello", self.rank, generation))
+                self._peers[peer] = _Peer(peer, sock, peer_timeout)
+            listener.settimeout(1.0)
+            while len(self._peers) < self.size - 1:
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(self.rank + 1, self.size)) - set(self._peers))
+                    raise TimeoutError(
+                        f"rank {self.rank}: ranks {missing} did not connect within {start_timeout:.0f} s; "
+                        "did they all start? (raise --start-timeout if startup is slow)"
+                    )
+                try:
+                    sock, _addr = listener.accept()
+                except socket.timeout:
+                    continue
+                try:
+                    sock.settimeout(start_timeout)
+                    _tune(sock)
+                    wire.handshake(sock, key, initiator=False)
+                    hello = wire.recv_message(sock, max_bytes=1024)
+                    if not (isinstance(hello, tuple) and len(hello) == 3 and hello[0] == "hello"
+                            and hello[2] == generation and isinstance(hello[1], int)
+                            and self.rank < hello[1] < self.size and hello[1] not in self._peers):
+                        raise wire.WireError(f"unexpected greeting {hello!r}")
+                except (wire.WireError, OSError) as exc:
+                    from horovod.common.logging import log
+
+                    log.warning("rank %d: refused a data connection from %s: %s", self.rank, _addr, exc)
+                    sock.close()
+                    continue
+                self._peers[hello[1]] = _Peer(hello[1], sock, peer_timeout)
+        finally:
+            listener.close()
+        for peer in self._peers.values():
+            peer.sock.settimeout(peer_timeout)
+
+    # -- primitives -------------------------------------------------------------------------
+    def _scratch_bytes(self, nbytes: int) -> np.ndarray:
+        if self._scratch.nbytes < nbytes:
+            self._scratch = np.empty(nbytes, np.uint8)
+        return self._scratch[:nbytes]
+
+    def _flush(self, ranks: Sequence[int]) -> None:
+        for r in ranks:
+            if r != self.rank:
+                self._peers[r].flush()
+
+    # -- data plane -------------------------------------------------------------------------
+    def allreduce(self, group: Sequence[int], buf: np.ndarray, op: int) -> None:
+        if len(group) == 1 or buf.size == 0:
+            return
+        if buf.nbytes <= DIRECT_ALLREDUCE_BYTES or buf.size < len(group):
+            self._direct_allreduce(group, buf, op)
+            return
+        bounds = _segment_bounds(buf.size, [buf.size // len(group) + (i < buf.size % len(group))
+                                            for i in range(len(group))])
+        self._ring_reduce_scatter(group, buf, bounds, op)
+        self._ring_allgather(group, buf, bounds)
+
+    def _direct_allreduce(self, group: Sequence[int], buf: np.ndarray, op: int) -> None:
+        others = [r for r in group if r != self.rank]
+        for r in others:
+            self._peers[r].send(buf)
+        scratch = self._scratch_bytes(buf.nbytes * len(others)).view(buf.dtype)
+        received = {}
+        for i, r in enumerate(others):
+            part = scratch[i * buf.size:(i + 1) * buf.size]
+            self._peers[r].recv_into(part)
+            received[r] = part
+        self._flush(others)
+        # Reduce in member order so every rank computes bit-identical floating-point results.
+        own = buf.copy() if group[0] != self.rank else buf
+        first = buf if group[0] == self.rank else received[group[0]]
+        if first is not buf:
+            np.copyto(buf, first)
+        for r in group[1:]:
+            reduce_into(buf, own if r == self.rank else received[r], op)
+
+    def _ring_reduce_scatter(self, group: Sequence[int], buf: np.ndarray, bounds: list[tuple[int, int]],
+                             op: int) -> None:
+        """Leaves member i holding the fully reduced segment i of `buf`."""
+        n = len(group)
+        pos = group.index(self.rank)
+        right, left = self._peers[group[(pos + 1) % n]], self._peers[group[(pos - 1) % n]]
+        chunk = max(1, RING_CHUNK_BYTES // buf.itemsize)
+        scratch = self._scratch_bytes(min(chunk, buf.size) * buf.itemsize).view(buf.dtype)
+        for step in range(n - 1):
+            s_lo, s_hi = bounds[(pos - step - 1) % n]
+            r_lo, r_hi = bounds[(pos - step - 2) % n]
+            right.send(buf[s_lo:s_hi])
+            for lo in range(r_lo, r_hi, chunk):
+                hi = min(lo + chunk, r_hi)
+                part = scratch[: hi - lo]
+                left.recv_into(part)
+                reduce_into(buf[lo:hi], part, op)
+            right.flush()
+
+    def _ring_allgather(self, group: Sequence[int], buf: np.ndarray, bounds: list[tuple[int, int]]) -> None:
+        n = len(group)
+        pos = group.index(self.rank)
+        right, left = self._peers[group[(pos + 1) % n]], self._peers[group[(pos - 1) % n]]
+        for step in range(n - 1):
+            s_lo, s_hi = bounds[(pos - step) % n]
+            r_lo, r_hi = bounds[(pos - step - 1) % n]
+            right.send(buf[s_lo:s_hi])
+            left.recv_into(buf[r_lo:r_hi])
+            right.flush()
+
+    def reducescatter(self, group: Sequence[int], buf: np.ndarray, recv: np.ndarray,
+                      counts: Sequence[int], op: int) -> None:
+        bounds = _segment_bounds(buf.size, counts)
+        pos = group.index(self.rank)
+        if len(group) > 1:
+            self._ring_reduce_scatter(group, buf, bounds, op)
+        lo, hi = bounds[pos]
+        np.copyto(recv[: hi - lo], buf[lo:hi])
+
+    def allgatherv(self, group: Sequence[int], send: np.ndarray, recv: np.ndarray,
+                   counts: Sequence[int]) -> None:
+        bounds = _segment_bounds(recv.size, counts)
+        pos = group.index(self.rank)
+        others = [r for r in group if r != self.rank]
+        for r in others:
+            self._peers[r].send(send)
+        lo, hi = bounds[pos]
+        np.copyto(recv[lo:hi], send[: hi - lo])
+        for i, r in enumerate(group):
+            if r != self.rank:
+                lo, hi = bounds[i]
+                self._peers[r].recv_into(recv[lo:hi])
+        self._flush(others)
+
+    def broadcast(self, group: Sequence[int], buf: np.ndarray, root: int) -> None:
+        if len(group) == 1 or buf.size == 0:
+            return
+        if self.rank == root:
+            others = [r for r in group if r != root]
+            for r in others:
+                self._peers[r].send(buf)
+            self._flush(others)
+        else:
+            self._peers[root].recv_into(buf)
+
+    def alltoallv(self, group: Sequence[int], send: np.ndarray, send_counts: Sequence[int],
+                  recv: np.ndarray, recv_counts: Sequence[int]) -> None:
+        s_bounds = _segment_bounds(send.size, send_counts)
+        r_bounds = _segment_bounds(recv.size, recv_counts)
+        pos = group.index(self.rank)
+        others = [r for r in group if r != self.rank]
+        for i, r in enumerate(group):
+            if r != self.rank:
+                lo, hi = s_bounds[i]
+                self._peers[r].send(send[lo:hi])
+        (s_lo, s_hi), (r_lo, r_hi) = s_bounds[pos], r_bounds[pos]
+        np.copyto(recv[r_lo:r_hi], send[s_lo:s_hi])
+        for i, r in enumerate(group):
+            if r != self.rank:
+                lo, hi = r_bounds[i]
+                self._peers[r].recv_into(recv[lo:hi])
+        self._flush(others)
+
+    # -- control plane ----------------------------------------------------------------------
+    def exchange(self, group: Sequence[int], payload: bytes) -> list[bytes]:
+        others = [r for r in group if r != self.rank]
+        for r in others:
+            self._peers[r].send_frame(payload)
+        result = [payload if r == self.rank else self._peers[r].recv_frame() for r in group]
+        self._flush(others)
+        return result
+
+    def gather(self, group: Sequence[int], payload: bytes, root: int) -> list[bytes] | None:
+        if self.rank != root:
+            self._peers[root].send_frame(payload)
+            self._peers[root].flush()
+            return None
+        return [payload if r == root else self._peers[r].recv_frame() for r in group]
+
+    def bcast_bytes(self, group: Sequence[int], payload: bytes | None, root: int) -> bytes:
+        if self.rank != root:
+            return self._peers[root].recv_frame()
+        assert payload is not None
+        others = [r for r in group if r != root]
+        for r in others:
+            self._peers[r].send_frame(payload)
+        self._flush(others)
+        return payload
+
+    def wait_for_activity(self, timeout: float | None, wake_fd: int) -> bool:
+        if self._selector is None:
+            self._selector = selectors.DefaultSelector()
+            self._selector.register(wake_fd, selectors.EVENT_READ, None)
+            for peer in self._peers.values():
+                self._selector.register(peer.sock, selectors.EVENT_READ, peer.rank)
+        events = self._selector.select(timeout)
+        return any(key.data is not None for key, _ in events)
+
+    def close(self) -> None:
+        if self._selector is not None:
+            self._selector.close()
+            self._selector = None
+        for peer in self._peers.values():
+            peer.close()
+        self._peers.clear()
+
+
+def _segment_bounds(total: int, counts: Sequence[int]) -> list[tuple[int, int]]:
+    bounds, lo = [], 0
+    for count in counts:
+        bounds.append((lo, lo + int(count)))
+        lo += int(count)
+    if lo != total:
+        raise ValueError(f"segment counts sum to {lo}, buffer holds {total}")
+    return bounds
+
+
+register("tcp", TcpTransport)

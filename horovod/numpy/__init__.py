@@ -1,0 +1,105 @@
+"""Horovod on numpy arrays: the collectives without any deep-learning framework.
+
+Useful on its own (NumPy, scikit-learn, simulations) and the layer every framework adapter
+builds on. Each collective has a blocking form returning the result and an `_async` form
+returning a handle for `poll`/`synchronize`.
+
+    import numpy as np
+    import horovod.numpy as hvd
+    hvd.init()
+    total = hvd.allreduce(np.ones(3), op=hvd.Sum)   # [size, size, size] on every rank
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from horovod.common import *  # noqa: F401,F403  (basics, constants, process sets)
+from horovod.common import __all__ as _common_all
+from horovod.common.ops import (
+    allgather_async,
+    allgather_object,
+    allreduce_async,
+    alltoall_async,
+    barrier_async,
+    broadcast_async,
+    broadcast_object,
+    grouped_allgather_async,
+    grouped_allreduce_async,
+    grouped_reducescatter_async,
+    join_async,
+    poll,
+    reducescatter_async,
+    synchronize,
+)
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.common.reduce_ops import Average
+
+
+def allreduce(tensor: np.ndarray, name: str | None = None, op: int = Average, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> np.ndarray:
+    """Reduced copy of `tensor` (Average by default; integer averages truncate toward zero)."""
+    return allreduce_async(np.ascontiguousarray(tensor), name, op, prescale_factor, postscale_factor,
+                           process_set).wait()
+
+
+def grouped_allreduce(tensors: Sequence[np.ndarray], name: str | None = None, op: int = Average,
+                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
+    return grouped_allreduce_async([np.ascontiguousarray(t) for t in tensors], name, op, prescale_factor,
+                                   postscale_factor, process_set).wait()
+
+
+def allgather(tensor: np.ndarray, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> np.ndarray:
+    return allgather_async(np.ascontiguousarray(tensor), name, process_set).wait()
+
+
+def grouped_allgather(tensors: Sequence[np.ndarray], name: str | None = None,
+                      process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
+    return grouped_allgather_async([np.ascontiguousarray(t) for t in tensors], name, process_set).wait()
+
+
+def broadcast(tensor: np.ndarray, root_rank: int, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> np.ndarray:
+    return broadcast_async(np.ascontiguousarray(tensor), root_rank, name, process_set).wait()
+
+
+def alltoall(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = None, name: str | None = None,
+             process_set: ProcessSet = global_process_set) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """Rows scattered by `splits`; returns the received rows, plus the received splits when
+    `splits` was given (as Horovod does)."""
+    output, received = alltoall_async(np.ascontiguousarray(tensor), splits, name, process_set).wait()
+    return output if splits is None else (output, received)
+
+
+def reducescatter(tensor: np.ndarray, name: str | None = None, op: int = Average, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> np.ndarray:
+    return reducescatter_async(np.ascontiguousarray(tensor), name, op, prescale_factor, postscale_factor,
+                               process_set).wait()
+
+
+def grouped_reducescatter(tensors: Sequence[np.ndarray], name: str | None = None, op: int = Average,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
+    return grouped_reducescatter_async([np.ascontiguousarray(t) for t in tensors], name, op, prescale_factor,
+                                       postscale_factor, process_set).wait()
+
+
+def join(process_set: ProcessSet = global_process_set) -> int:
+    """Block until every rank joined; returns the global rank that joined last."""
+    return join_async(process_set).wait()
+
+
+def barrier(process_set: ProcessSet = global_process_set) -> None:
+    barrier_async(process_set).wait()
+
+
+__all__ = list(_common_all) + [
+    "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_async", "alltoall",
+    "alltoall_async", "barrier", "broadcast", "broadcast_async", "broadcast_object", "grouped_allgather",
+    "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_async", "grouped_reducescatter",
+    "grouped_reducescatter_async", "join", "poll", "reducescatter", "reducescatter_async", "synchronize",
+]
