@@ -1,0 +1,137 @@
+"""`horovod.run`: run a Python function on every rank of a job and collect what each returns.
+
+It is `horovodrun` driven from Python: the same flags (as keyword arguments), the same slot
+assignment, launcher and failure policy. The function travels to the workers through the job's
+rendezvous store (scope `runfunc`), and each rank sends its return value back the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import site
+import sys
+import warnings
+from typing import Any, Callable, Sequence
+
+import cloudpickle
+
+__all__ = ["run"]
+
+_ELASTIC_ARGS = ("min_num_proc", "max_num_proc", "slots", "reset_limit", "cooldown_range",
+                 "host_discovery_script")
+
+
+def _deprecated(old: str, new: str, old_value: Any, new_value: Any) -> Any:
+    """Resolve a deprecated keyword alias: warn, and refuse both spellings at once."""
+    if old_value is None:
+        return new_value
+    if new_value is not None:
+        raise ValueError(f"give either {new}= or the deprecated {old}=, not both")
+    warnings.warn(f"{old}= is deprecated, use {new}= instead", DeprecationWarning, stacklevel=3)
+    return old_value
+
+
+def _pythonpath_with_horovod(current: str | None) -> str | None:
+    """Make the workers import the same `horovod` as this process, even if it is not installed.
+
+    Site-packages directories are left alone: putting them on PYTHONPATH would move them ahead
+    of the standard library.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    site_dirs = {os.path.abspath(d) for d in site.getsitepackages() + [site.getusersitepackages()]}
+    parts = [p for p in (current or "").split(os.pathsep) if p]
+    if root in site_dirs or root in parts:
+        return current
+    return os.pathsep.join([root, *parts])
+
+
+def run(
+    func: Callable[..., Any],
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    num_proc: int | None = None,
+    min_num_proc: int | None = None,
+    max_num_proc: int | None = None,
+    slots: int | None = None,
+    reset_limit: int | None = None,
+    cooldown_range: tuple[int, int] | None = None,
+    hosts: str | None = None,
+    hostfile: str | None = None,
+    host_discovery_script: str | None = None,
+    start_timeout: int | None = None,
+    ssh_port: int | None = None,
+    ssh_identity_file: str | None = None,
+    disable_cache: bool | None = None,
+    output_filename: str | None = None,
+    verbose: bool | None = None,
+    use_gloo: bool | None = None,
+    use_mpi: bool | None = None,
+    mpi_args: str | None = None,
+    network_interface: str | None = None,
+    network_interfaces: Sequence[str] | str | None = None,
+    executable: str | None = None,
+    np: int | None = None,
+    min_np: int | None = None,
+    max_np: int | None = None,
+) -> list[Any]:
+    """Run `func(*args, **kwargs)` on `num_proc` ranks; return the results in rank order.
+
+    `num_proc` defaults to every slot of `hosts`/`hostfile`, or 1 on this machine alone. If a
+    rank fails, the others are stopped and RuntimeError names the first failing rank, its exit
+    code and its exception. Elastic arguments are accepted but not supported yet.
+    """
+    # Imported here so that `python -m horovod.runner.launch` does not find launch half-imported.
+    from horovod.runner import launch
+    from horovod.runner.job import Job, format_result
+
+    num_proc = _deprecated("np", "num_proc", np, num_proc)
+    min_num_proc = _deprecated("min_np", "min_num_proc", min_np, min_num_proc)
+    max_num_proc = _deprecated("max_np", "max_num_proc", max_np, max_num_proc)
+    if network_interface is not None:
+        network_interfaces = _deprecated("network_interface", "network_interfaces",
+                                         network_interface, network_interfaces)
+    elastic = {"min_num_proc": min_num_proc, "max_num_proc": max_num_proc, "slots": slots,
+               "reset_limit": reset_limit, "cooldown_range": cooldown_range,
+               "host_discovery_script": host_discovery_script}
+    used = [name for name in _ELASTIC_ARGS if elastic[name] is not None]
+    if used:
+        raise NotImplementedError(
+            f"elastic training is not supported yet ({', '.join(used)} given); pass num_proc only"
+        )
+    if hosts is not None and hostfile is not None:
+        raise ValueError("hosts and hostfile are mutually exclusive: give one of them")
+
+    hargs = launch.default_args()
+    hargs.hosts, hargs.hostfile = hosts, hostfile
+    hargs.num_proc = num_proc if num_proc is not None else 1
+    if num_proc is None and (hosts or hostfile):
+        hargs.num_proc = sum(host.slots for host in launch.host_list(hargs))
+    hargs.start_timeout = start_timeout
+    hargs.ssh_port, hargs.ssh_identity_file = ssh_port, ssh_identity_file
+    hargs.disable_cache = bool(disable_cache)
+    hargs.output_filename, hargs.verbose = output_filename, bool(verbose)
+    hargs.use_gloo, hargs.use_mpi, hargs.mpi_args = use_gloo, use_mpi, mpi_args
+    if isinstance(network_interfaces, str):
+        network_interfaces = network_interfaces.split(",")
+    hargs.nics = [nic.strip() for nic in network_interfaces or () if nic.strip()] or None
+    launch.validate(hargs)
+
+    command = [executable or sys.executable, "-m", "horovod.runner.run_task"]
+    spec = launch.plan_job(hargs, command)
+    pythonpath = _pythonpath_with_horovod(os.environ.get("PYTHONPATH"))
+    if pythonpath:
+        spec = dataclasses.replace(spec, extra_env={**spec.extra_env, "PYTHONPATH": pythonpath})
+
+    with Job(spec) as job:
+        job.store.put("runfunc", "func", cloudpickle.dumps((func, tuple(args), dict(kwargs or {}))))
+        result = job.run()
+        if not result.ok:
+            raise RuntimeError(format_result(result))
+        results = []
+        for slot in spec.slots:
+            raw = job.store.get("runfunc_result", str(slot.rank))
+            if raw is None:
+                raise RuntimeError(f"rank {slot.rank} exited with status 0 but sent no result")
+            results.append(cloudpickle.loads(raw))
+    return results

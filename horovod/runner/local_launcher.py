@@ -1,0 +1,186 @@
+"""Worker processes as the launcher sees them: start, forward output, signal, reap. No policy.
+
+What to do when a worker fails lives in `horovod.runner.job`; this module only offers the
+mechanics, the way torch.distributed.elastic keeps its process handling apart from its restart
+policy. Each worker runs in its own session (so its own process group): a signal to the group
+reaches whatever the worker started too, and a Ctrl-C typed at the terminal reaches only the
+launcher, which then stops the workers in order.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO, Mapping, Sequence
+
+from horovod.runner.hosts import SlotInfo
+
+# One lock for both consoles, so lines of different ranks never interleave mid-line.
+_console_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """How worker output is shown: `--prefix-output-with-timestamp` and `--output-filename`."""
+
+    prefix_timestamp: bool = False
+    output_dir: str | None = None
+    tail_lines: int = 20
+
+
+def rank_output_dir(output_dir: str, rank: int, size: int) -> str:
+    """`DIR/rank.<rank>`, the rank zero-padded to the width of the largest rank."""
+    return os.path.join(output_dir, f"rank.{rank:0{len(str(size - 1))}d}")
+
+
+def ssh_argv(
+    host: str,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    port: int | None = None,
+    identity_file: str | None = None,
+) -> list[str]:
+    """The ssh command that runs `command` on `host` with `env`.
+
+    The job secret is never part of it: the remote shell reads it from stdin (see `Worker`).
+    """
+    options = ["-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=no"]
+    if port is not None:
+        options += ["-p", str(port)]
+    if identity_file is not None:
+        options += ["-i", identity_file]
+    assignments = " ".join(shlex.quote(f"{name}={value}") for name, value in env.items())
+    remote = (
+        f"cd {shlex.quote(cwd)} >/dev/null 2>&1; "
+        "IFS= read -r _HOROVOD_SECRET_KEY; export _HOROVOD_SECRET_KEY; "
+        f"exec env {assignments} {shlex.join(command)}"
+    )
+    return ["ssh", *options, host, remote]
+
+
+class Worker:
+    """One launched process (a local worker, or the ssh client of a remote one) and its output."""
+
+    def __init__(
+        self,
+        slot: SlotInfo,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str | None = None,
+        stdin_data: bytes | None = None,
+        output: OutputOptions = OutputOptions(),
+    ) -> None:
+        self.slot = slot
+        self._output = output
+        self._stderr_tail: collections.deque[str] = collections.deque(maxlen=output.tail_lines)
+        files = self._open_output_files()
+        self.proc = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            cwd=cwd,
+            stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        if stdin_data is not None:
+            assert self.proc.stdin is not None
+            try:
+                self.proc.stdin.write(stdin_data)
+                self.proc.stdin.close()
+            except BrokenPipeError:
+                pass
+        streams = ((self.proc.stdout, "stdout", files[0]), (self.proc.stderr, "stderr", files[1]))
+        self._pumps = [
+            threading.Thread(target=self._pump, args=stream, name=f"hvd-{stream[1]}-{slot.rank}",
+                             daemon=True)
+            for stream in streams
+        ]
+        for pump in self._pumps:
+            pump.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def wait(self) -> int:
+        return self.proc.wait()
+
+    def signal_group(self, signum: int) -> None:
+        """Signal the worker's whole process group (it may be gone already; that is fine)."""
+        try:
+            os.killpg(self.proc.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def join_output(self, timeout: float) -> None:
+        """Wait until both pipes are drained, so nothing a worker printed is lost."""
+        deadline = time.monotonic() + timeout
+        for pump in self._pumps:
+            pump.join(max(0.0, deadline - time.monotonic()))
+
+    def stderr_tail(self) -> list[str]:
+        return list(self._stderr_tail)
+
+    def _open_output_files(self) -> tuple[IO[bytes] | None, IO[bytes] | None]:
+        if self._output.output_dir is None:
+            return None, None
+        directory = rank_output_dir(self._output.output_dir, self.slot.rank, self.slot.size)
+        os.makedirs(directory, exist_ok=True)
+        return (open(os.path.join(directory, "stdout"), "wb"),
+                open(os.path.join(directory, "stderr"), "wb"))
+
+    def _pump(self, pipe: IO[bytes], name: str, file: IO[bytes] | None) -> None:
+        """Copy one pipe line by line to our own stdout/stderr (and the rank's file)."""
+        prefix = f"[{self.slot.rank}]<{name}>:"
+        try:
+            for raw in iter(pipe.readline, b""):
+                line = raw.decode("utf-8", errors="replace")
+                if not line.endswith("\n"):  # the last line of a process that did not end it
+                    line += "\n"
+                if name == "stderr":
+                    self._stderr_tail.append(line[:-1])
+                stamp = time.asctime() if self._output.prefix_timestamp else ""
+                with _console_lock:
+                    try:
+                        stream = getattr(sys, name)  # looked up late: callers may redirect it
+                        stream.write(stamp + prefix + line)
+                        stream.flush()
+                    except (OSError, ValueError):
+                        pass  # our console is gone (closed pipe); keep draining the worker
+                if file is not None:
+                    file.write(raw)
+                    file.flush()
+        finally:
+            pipe.close()
+            if file is not None:
+                file.close()
+
+
+def terminate(workers: Sequence[Worker], grace_seconds: float = 5.0) -> None:
+    """SIGTERM every worker's group, then SIGKILL what is left after `grace_seconds`."""
+    for worker in workers:
+        worker.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds
+    for worker in workers:
+        try:
+            worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for worker in workers:
+        # Also reaches children a worker left behind after it exited itself.
+        worker.signal_group(signal.SIGKILL)
+    for worker in workers:
+        worker.proc.wait()

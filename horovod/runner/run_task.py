@@ -1,0 +1,51 @@
+"""The worker side of `horovod.run`: fetch the function from the launcher, run it, return the result.
+
+Started by the launcher as `python -m horovod.runner.run_task`; everything it needs (the
+store's address, the job secret, its rank) comes from the environment, never from argv.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+import cloudpickle
+
+from horovod.common.rendezvous import RendezvousClient
+from horovod.common.settings import Settings
+
+
+def failure_report(exc: BaseException) -> str:
+    """The `failures/<rank>` text: `Type: message`, then the traceback (docs/internals.md)."""
+    return f"{type(exc).__name__}: {exc}\n" + "".join(traceback.format_exception(exc))
+
+
+def main() -> int:
+    settings = Settings.from_env()
+    if settings.rendezvous_addr is None or settings.rendezvous_port is None or not settings.secret_key:
+        print("horovod.runner.run_task is started by horovod.run(); it needs the launcher's "
+              "HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT and _HOROVOD_SECRET_KEY", file=sys.stderr)
+        return 2
+    rank = str(settings.topology.rank)
+    client = RendezvousClient(settings.rendezvous_addr, settings.rendezvous_port, settings.secret_key,
+                              connect_timeout=settings.start_timeout)
+    try:
+        func, args, kwargs = cloudpickle.loads(client.get("runfunc", "func", settings.start_timeout))
+        result = func(*args, **kwargs)
+        client.put("runfunc_result", rank, cloudpickle.dumps(result))
+    except Exception as exc:
+        # Keep the first report: if the engine already recorded why this rank failed, that wins.
+        try:
+            if rank not in client.keys("failures"):
+                client.put("failures", rank, failure_report(exc).encode("utf-8"))
+        except OSError:
+            pass  # the launcher is gone; the traceback below still reaches our stderr
+        traceback.print_exc()
+        return 1
+    finally:
+        client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

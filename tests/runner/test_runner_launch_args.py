@@ -1,0 +1,169 @@
+"""horovodrun's command line: flags, help, validation errors, --check-build and --version."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from horovod.runner import check_build, launch
+from horovod.runner.launch import make_parser, parse_args, validate
+from horovod.version import __version__
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def option_actions():
+    return [a for a in make_parser()._actions if a.option_strings]
+
+
+def test_help_explains_every_flag(capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_args(["--help"])
+    assert info.value.code == 0
+    text = capsys.readouterr().out
+    for action in option_actions():
+        for flag in action.option_strings:
+            assert flag in text, f"{flag} missing from --help"
+        assert action.help and action.help != argparse.SUPPRESS, f"{action.option_strings} has no help"
+
+
+def test_every_tuning_flag_states_its_default():
+    without_default = [a.option_strings[0] for a in option_actions()
+                       if a.type is not None and a.dest not in ("num_proc", "config_file")
+                       and "Default" not in (a.help or "") and a.dest not in launch.ELASTIC_DESTS]
+    assert without_default == []
+
+
+def test_reference_flags_are_all_present():
+    flags = {flag for action in option_actions() for flag in action.option_strings}
+    expected = """-v --version -np --num-proc -cb --check-build --disable-cache --start-timeout
+        --network-interfaces --network-interface --output-filename --verbose --config-file -p --ssh-port
+        -i --ssh-identity-file --fusion-threshold-mb --cycle-time-ms --cache-capacity
+        --hierarchical-allreduce --no-hierarchical-allreduce --hierarchical-allgather
+        --no-hierarchical-allgather --torus-allreduce --no-torus-allreduce --autotune --autotune-log-file
+        --autotune-warmup-samples --autotune-steps-per-sample --autotune-bayes-opt-max-samples
+        --autotune-gaussian-process-noise --min-np --min-num-proc --max-np --max-num-proc --slots-per-host
+        --elastic-timeout --reset-limit --blacklist-cooldown-range --timeline-filename
+        --timeline-mark-cycles --no-stall-check --stall-check-warning-time-seconds
+        --stall-check-shutdown-time-seconds --mpi-threads-disable --mpi-args --tcp --binding-args
+        --num-nccl-streams --thread-affinity --gloo-timeout-seconds --log-level --log-without-timestamp
+        --log-hide-timestamp -prefix-timestamp --prefix-output-with-timestamp -H --hosts -hostfile
+        --hostfile --host-discovery-script --gloo --mpi --jsrun""".split()
+    assert set(expected) <= flags
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_args(["-v"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == __version__
+
+
+def test_np_is_required(capsys):
+    with pytest.raises(SystemExit) as info:
+        parse_args(["python", "train.py"])
+    assert info.value.code == 2
+    assert "-np/--num-proc is required" in capsys.readouterr().err
+
+
+def test_command_keeps_its_own_flags():
+    args = parse_args(["-np", "2", "-H", "a:1,b:1", "python", "train.py", "-np", "7", "--lr", "0.1"])
+    assert args.num_proc == 2 and args.hosts == "a:1,b:1"
+    assert args.command == ["python", "train.py", "-np", "7", "--lr", "0.1"]
+
+
+def test_single_dash_long_flags():
+    args = parse_args(["-np", "2", "-hostfile", "hosts.txt", "-prefix-timestamp", "-p", "2222",
+                       "-i", "key", "x"])
+    assert args.hostfile == "hosts.txt" and args.prefix_output_with_timestamp
+    assert args.ssh_port == 2222 and args.ssh_identity_file == "key"
+
+
+@pytest.mark.parametrize("flags", [["-H", "a:1", "-hostfile", "f"], ["--gloo", "--mpi"]])
+def test_mutually_exclusive_flags(flags, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["-np", "1", *flags, "x"])
+    assert "not allowed with" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [
+    ["--min-np", "1"], ["--max-np", "4"], ["--host-discovery-script", "d.sh"], ["--slots-per-host", "2"],
+    ["--elastic-timeout", "60"], ["--reset-limit", "3"], ["--blacklist-cooldown-range", "10", "100"],
+])
+def test_elastic_flags_are_accepted_but_refused(flags):
+    args = parse_args(["-np", "2", *flags, "python", "train.py"])
+    with pytest.raises(NotImplementedError, match="elastic training is not supported yet"):
+        validate(args)
+
+
+def test_mpi_and_jsrun_are_refused():
+    with pytest.raises(NotImplementedError, match=r"MPI controller not available yet: use --gloo \(the default\)"):
+        validate(parse_args(["-np", "1", "--mpi", "x"]))
+    with pytest.raises(NotImplementedError, match="jsrun"):
+        validate(parse_args(["-np", "1", "--jsrun", "x"]))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--start-timeout", "-1"], "start_timeout=-1 must be >= 0"),
+    (["--cycle-time-ms", "-1"], "cycle_time_ms=-1.0 must be >= 0"),
+    (["--fusion-threshold-mb", "-2"], "fusion_threshold_mb=-2 must be >= 0"),
+])
+def test_negative_values(flags, message):
+    with pytest.raises(ValueError) as info:
+        validate(parse_args(["-np", "1", *flags, "x"]))
+    assert str(info.value) == message
+
+
+def test_plan_needs_a_command():
+    with pytest.raises(ValueError, match="no command given"):
+        launch.plan_job(parse_args(["-np", "1"]), [])
+
+
+def test_plan_uses_hosts_and_flags(tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("a slots=1\nb slots=2\n")
+    args = parse_args(["-np", "3", "--hostfile", str(hostfile), "--cache-capacity", "5",
+                       "--output-filename", "out", "-prefix-timestamp", "python", "t.py"])
+    spec = launch.plan_job(args, args.command)
+    assert [(s.hostname, s.local_rank) for s in spec.slots] == [("a", 0), ("b", 0), ("b", 1)]
+    assert spec.extra_env == {"HOROVOD_CACHE_CAPACITY": "5"}
+    assert spec.output.output_dir == "out" and spec.output.prefix_timestamp
+    assert spec.command == ("python", "t.py")
+
+
+def test_default_host_is_localhost_with_np_slots():
+    spec = launch.plan_job(parse_args(["-np", "3", "x"]), ["x"])
+    assert {s.hostname for s in spec.slots} == {"localhost"} and len(spec.slots) == 3
+
+
+def test_too_many_processes_is_reported(capsys):
+    assert launch._run(parse_args(["-np", "3", "-H", "localhost:2", "x"])) == 2
+    assert ("Requested more processes (3) than there are available slots (2)"
+            in capsys.readouterr().err)
+
+
+def test_check_build_format():
+    have = {"torch", "horovod.torch", "tensorflow", "mpi4py"}
+    assert check_build.report(lambda name: name in have) == (
+        f"Horovod v{__version__}:\n\n"
+        "Available Frameworks:\n"
+        "    [ ] TensorFlow\n"  # the framework is there but our adapter is not
+        "    [X] PyTorch\n"
+        "    [ ] MXNet\n\n"
+        "Available Controllers:\n"
+        "    [ ] MPI\n"
+        "    [X] Gloo\n\n"
+        "Available Tensor Operations:\n"
+        "    [ ] NCCL\n"
+        "    [ ] DDL\n"
+        "    [ ] CCL\n"
+        "    [X] MPI\n"
+        "    [X] Gloo"
+    )
+
+
+def test_check_build_needs_no_np(capsys):
+    assert launch._run(parse_args(["--check-build"])) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"Horovod v{__version__}:") and "[X] Gloo" in out
