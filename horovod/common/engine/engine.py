@@ -78,6 +78,7 @@ class Engine:
         self._stopped = threading.Event()
         self.fatal: HorovodInternalError | None = None
         self._last_cycle_start = 0.0
+        self._executing: list[Entry | None] = []  # failed too if the engine dies mid-operation
         self._thread = threading.Thread(target=self._run, name="hvd-engine", daemon=True)
 
     # -- framework-thread side --------------------------------------------------------------
@@ -162,7 +163,10 @@ class Engine:
                 state.new, state.unsent, state.waiting = [], {}, {}
                 state.names.clear()
             for entry in entries:
-                entry.handle.complete(entry.index, error=error)
+                entry.finish(error=error)
+        for entry in self._executing:
+            if entry is not None:
+                entry.finish(error=error)
 
     def _busy(self) -> bool:
         return any(state.unsent or state.waiting for state in self.sets.values())
@@ -347,7 +351,9 @@ class Engine:
         elif response.op_type in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
             self._change_sets(response, entries)
             return
+        self._executing = entries
         self.executor.execute(response, entries, state.members)
+        self._executing = []
 
     def _change_sets(self, response: Response, entries: list[Entry | None]) -> None:
         if response.op_type == OpType.ADD_PROCESS_SET:
@@ -361,12 +367,12 @@ class Engine:
                 with removed.lock:
                     pending = removed.new + [e for e, _ in removed.unsent.values()] + list(removed.waiting.values())
                 for entry in pending:
-                    entry.handle.complete(entry.index, error=HorovodInternalError(
+                    entry.finish(error=HorovodInternalError(
                         f"process set {set_id} was removed while {entry.name} was pending"))
             result = removed is not None
         for entry in entries:
             if entry is not None:
-                entry.handle.complete(entry.index, result)
+                entry.finish(result)
 
 
 def _bits(value: int) -> list[int]:

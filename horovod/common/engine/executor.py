@@ -50,7 +50,7 @@ class Executor:
         if op == OpType.ERROR:
             for entry in entries:
                 if entry is not None:
-                    entry.handle.complete(entry.index, error=HorovodInternalError(response.error))
+                    entry.finish(error=HorovodInternalError(response.error))
             return
         if op == OpType.ALLREDUCE:
             self._allreduce(response, entries, members)
@@ -65,12 +65,12 @@ class Executor:
         elif op == OpType.JOIN:
             for entry in entries:
                 if entry is not None:
-                    entry.handle.complete(entry.index, response.last_joined_rank)
+                    entry.finish(response.last_joined_rank)
             return
         elif op == OpType.BARRIER:
             for entry in entries:
                 if entry is not None:
-                    entry.handle.complete(entry.index, None)
+                    entry.finish(None)
             return
         if timeline is not None:
             for name, shape in zip(response.names, response.shapes):
@@ -97,7 +97,7 @@ class Executor:
             self._activity(response.names, None)
             scale_in_place(buf, postscale)
             if entry is not None:
-                entry.handle.complete(entry.index, entry.output)
+                entry.finish(entry.output)
             return
         counts = [_numel(shape) for shape in response.shapes]
         fused = self._fusion_bytes(sum(counts) * dtype.itemsize).view(dtype)
@@ -124,7 +124,7 @@ class Executor:
         self._activity(response.names, None)
         for entry in entries:
             if entry is not None:
-                entry.handle.complete(entry.index, entry.output)
+                entry.finish(entry.output)
 
     def _allgather(self, response: Response, entry: Entry | None, members: tuple[int, ...]) -> None:
         assert entry is not None and entry.tensor is not None
@@ -136,7 +136,7 @@ class Executor:
         self.transport.allgatherv(members, entry.tensor.reshape(-1), out.reshape(-1),
                                   [d * row for d in first_dims])
         self._activity(response.names, None)
-        entry.handle.complete(entry.index, out)
+        entry.finish(out)
 
     def _broadcast(self, response: Response, entry: Entry | None, members: tuple[int, ...]) -> None:
         assert entry is not None and entry.output is not None and entry.tensor is not None
@@ -145,7 +145,7 @@ class Executor:
         self._activity(response.names, f"{self.transport.name.upper()}_BCAST")
         self.transport.broadcast(members, entry.output.reshape(-1), response.root_rank)
         self._activity(response.names, None)
-        entry.handle.complete(entry.index, entry.output)
+        entry.finish(entry.output)
 
     def _alltoall(self, response: Response, entry: Entry | None, members: tuple[int, ...]) -> None:
         assert entry is not None and entry.tensor is not None
@@ -160,7 +160,7 @@ class Executor:
         self.transport.alltoallv(members, send, [r * row for r in send_rows], out.reshape(-1),
                                  [r * row for r in recv_rows])
         self._activity(response.names, None)
-        entry.handle.complete(entry.index, (out, np.asarray(recv_rows, np.int32)))
+        entry.finish((out, np.asarray(recv_rows, np.int32)))
 
     def _reducescatter(self, response: Response, entry: Entry | None, members: tuple[int, ...]) -> None:
         assert entry is not None and entry.tensor is not None and entry.output is not None
@@ -178,4 +178,4 @@ class Executor:
         self._activity(response.names, None)
         postscale = response.postscale / n if response.reduce_op == Average else response.postscale
         scale_in_place(entry.output.reshape(-1), postscale)
-        entry.handle.complete(entry.index, entry.output)
+        entry.finish(entry.output)

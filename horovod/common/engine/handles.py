@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -58,8 +58,14 @@ class Entry:
     output: np.ndarray | None
     handle: Handle
     index: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    done: bool = False
 
     @property
     def name(self) -> str:
         return self.request.name
+
+    def finish(self, result: Any = None, error: BaseException | None = None) -> None:
+        """Complete this tensor's part of the handle; later calls are ignored."""
+        if not self.done:
+            self.done = True
+            self.handle.complete(self.index, result, error)

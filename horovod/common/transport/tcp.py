@@ -62,7 +62,7 @@ class _Peer:
                 self._idle.notify_all()
 
     def send(self, data: bytes | bytearray | memoryview | np.ndarray) -> None:
-        view = memoryview(data).cast("B")
+        view = _byte_view(data)
         if view.nbytes <= INLINE_SEND_BYTES and self._pending == 0:
             try:
                 self.sock.sendall(view)
@@ -85,7 +85,7 @@ class _Peer:
 
     def recv_into(self, view: memoryview | np.ndarray) -> None:
         try:
-            wire.recv_into_exact(self.sock, memoryview(view))
+            wire.recv_into_exact(self.sock, _byte_view(view))
         except socket.timeout:
             raise PeerFailure(self.rank, f"sent nothing for {self.timeout:.0f} s (hung?)") from None
         except (OSError, wire.WireError) as exc:
@@ -122,6 +122,13 @@ class _Peer:
             pass
         self.sock.close()
         self._thread.join(timeout=1.0)
+
+
+def _byte_view(data: bytes | bytearray | memoryview | np.ndarray) -> memoryview:
+    """Raw bytes of a buffer; numpy arrays of any dtype (float16, bfloat16 have no buffer format)."""
+    if isinstance(data, np.ndarray):
+        return memoryview(data.reshape(-1).view(np.uint8))
+    return memoryview(data).cast("B")
 
 
 def _advertised_host(rendezvous_addr: str) -> str:
