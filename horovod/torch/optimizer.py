@@ -1,0 +1,322 @@
+"""DistributedOptimizer: average gradients across ranks while backward is still running.
+
+How it works. A hook on every parameter (`register_post_accumulate_grad_hook`) fires as soon as
+backward has accumulated that parameter's gradient and starts its allreduce right away, so
+communication overlaps the rest of backward. `step()` (through `synchronize()`) waits for the
+allreduces, writes the averaged gradients back, and runs the wrapped optimizer's own step.
+
+Wrapping, not copying. `DistributedOptimizer(opt)` returns a thin wrapper around *your*
+optimizer object: `state`, `param_groups` and `defaults` are `opt`'s own, anything not
+defined here is looked up on `opt`, and `isinstance(wrapper, type(opt))` is true because the
+wrapper reports `opt`'s class as its `__class__`. No class is created at run time, the wrapped
+optimizer's `step` runs exactly once per step (its hooks once too), and an LR scheduler or
+checkpoint made for `opt` before wrapping keeps working. `type(wrapper)` is honest:
+`_DistributedOptimizer`.
+
+Gradient accumulation (`backward_passes_per_step=k`): the allreduce of a parameter starts on
+its k-th backward pass. If `step()` or `synchronize()` comes earlier, e.g. on the last, shorter
+cycle of an epoch, the gradients accumulated so far are reduced as they are (the sum of the
+passes done, not rescaled) and every counter starts again from k. Nothing fails, and the next
+epoch starts with a clean cycle. Every rank must still call `step()` the same number of times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+import os
+import warnings
+import weakref
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from horovod.common import basics
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.common.reduce_ops import Adasum, Average
+from horovod.torch.compression import Compression, Compressor
+from horovod.torch.mpi_ops import _Pending, _start, sparse_allreduce_async
+
+__all__ = ["DistributedOptimizer"]
+
+
+class _Bucket:
+    """Parameters reduced together: one allreduce (a grouped one when there are several)."""
+
+    __slots__ = ("params", "name", "ready")
+
+    def __init__(self, params: list[torch.Tensor], name: str) -> None:
+        self.params = params
+        self.name = name
+        self.ready = 0  # members whose gradient is complete for this step
+
+
+class _DistributedOptimizer:
+    # Reports the wrapped optimizer's class so that isinstance(opt, torch.optim.SGD) holds.
+    __class__ = property(lambda self: self._optimizer.__class__)  # type: ignore[assignment]
+
+    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters: Any, compression: type[Compressor],
+                 backward_passes_per_step: int, op: int, gradient_predivide_factor: float,
+                 groups: int | Sequence[Sequence[torch.Tensor]] | None, sparse_as_dense: bool,
+                 process_set: ProcessSet) -> None:
+        self._optimizer = optimizer
+        self._compression = compression
+        self._op = op
+        self._prescale = 1.0 / gradient_predivide_factor
+        self._postscale = gradient_predivide_factor
+        self._sparse_as_dense = sparse_as_dense
+        self._process_set = process_set
+        self._backward_passes_per_step = backward_passes_per_step
+        self._names = _parameter_names(optimizer, named_parameters)
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+        self._buckets = _make_buckets(params, groups, self._names)
+        self._bucket_of = {p: b for b in self._buckets for p in b.params}
+        self._passes_left = dict.fromkeys(params, backward_passes_per_step)
+        self._inflight: list[tuple[_Pending | Callable[[], torch.Tensor], list[tuple]]] = []
+        self._launched: set[int] = set()  # ids of buckets whose allreduce started this step
+        self._synchronized = False
+        self._should_synchronize = True
+        self._hook_handles: list[Any] = []
+        self._active = bool(process_set.included()) and (basics.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
+        if self._active:
+            self._register_hooks(params)
+
+    # -- the wrapped optimizer's attributes ----------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        if name == "_optimizer":  # not set yet (during unpickling): avoid infinite recursion
+            raise AttributeError(name)
+        return getattr(self._optimizer, name)
+
+    state = property(lambda self: self._optimizer.state,
+                     lambda self, value: setattr(self._optimizer, "state", value))
+    param_groups = property(lambda self: self._optimizer.param_groups,
+                            lambda self, value: setattr(self._optimizer, "param_groups", value))
+    defaults = property(lambda self: self._optimizer.defaults,
+                        lambda self, value: setattr(self._optimizer, "defaults", value))
+
+    def __repr__(self) -> str:
+        return f"DistributedOptimizer({self._optimizer!r})"
+
+    # -- hooks ----------------------------------------------------------------------------------------------
+    def _register_hooks(self, params: list[torch.Tensor]) -> None:
+        # The hook holds the optimizer weakly: once the user drops it, its hooks turn into no-ops
+        # instead of reducing gradients for a wrapper nobody steps.
+        ref = weakref.ref(self)
+
+        def hook(param: torch.Tensor) -> None:
+            opt = ref()
+            if opt is not None:
+                opt._on_gradient(param)
+
+        for p in params:
+            self._hook_handles.append(p.register_post_accumulate_grad_hook(hook))
+
+    def _on_gradient(self, param: torch.Tensor) -> None:
+        left = self._passes_left[param] - 1
+        if left < 0:
+            raise AssertionError(
+                f"the gradient of {self._names[param]} was computed more than backward_passes_per_step="
+                f"{self._backward_passes_per_step} times before step(); call step() (or synchronize()) after "
+                "that many backward passes, or raise backward_passes_per_step")
+        self._passes_left[param] = left
+        self._synchronized = False
+        if left == 0:
+            bucket = self._bucket_of[param]
+            bucket.ready += 1
+            if bucket.ready == len(bucket.params):
+                self._launch(bucket)
+
+    def _launch(self, bucket: _Bucket) -> None:
+        """Start the allreduce of a bucket's gradients (in place, or through the compressor)."""
+        self._launched.add(id(bucket))
+        dense: list[tuple] = []
+        for p in bucket.params:
+            grad = p.grad
+            if grad is None:  # unused on this rank: it still takes part, with zeros
+                grad = p.grad = torch.zeros_like(p)
+            if grad.is_sparse:
+                if not self._sparse_as_dense:
+                    handle = sparse_allreduce_async(grad, self._names[p], self._op, self._process_set)
+                    self._inflight.append((handle, [(p, grad, None, None)]))
+                    continue
+                grad = p.grad = grad.to_dense()
+            sent, ctx = self._compression.compress(grad)
+            dense.append((p, grad, sent, ctx))
+        if not dense:
+            return
+        grouped = len(dense) > 1
+        pending = _start("allreduce", [sent for _, _, sent, _ in dense], grouped=grouped, inplace=True,
+                         name=bucket.name, op=self._op, prescale_factor=self._prescale,
+                         postscale_factor=self._postscale, process_set=self._process_set)
+        self._inflight.append((pending, dense))
+
+    # -- the step -----------------------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Finish every gradient allreduce of this step and write the results into `.grad`.
+
+        Gradients whose hook has not fired (a parameter unused in this forward, or fewer
+        backward passes than `backward_passes_per_step`) are reduced now, as they are."""
+        if not self._active or self._synchronized:
+            return
+        try:
+            for bucket in self._buckets:
+                if id(bucket) not in self._launched:
+                    self._launch(bucket)
+            for pending, items in self._inflight:
+                if isinstance(pending, _Pending):
+                    pending.wait()
+                    for p, grad, sent, ctx in items:
+                        if sent is not grad:
+                            grad.copy_(self._compression.decompress(sent, ctx))
+                else:  # a sparse gradient: the reduced tensor replaces it
+                    items[0][0].grad = pending()
+        finally:
+            self._reset_step()
+        self._synchronized = True
+
+    def _reset_step(self) -> None:
+        self._inflight.clear()
+        self._launched.clear()
+        for bucket in self._buckets:
+            bucket.ready = 0
+        for p in self._passes_left:
+            self._passes_left[p] = self._backward_passes_per_step
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Inside this block `step()` does not synchronize: for code that calls `synchronize()`
+        itself, e.g. to clip or unscale the averaged gradients first."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        """Synchronize (unless inside `skip_synchronize()`), then run the wrapped step. A step
+        right after an explicit `synchronize()` uses the gradients already averaged."""
+        if self._should_synchronize:
+            self.synchronize()
+        if closure is None:
+            return self._optimizer.step(**kwargs)
+        return self._optimizer.step(closure, **kwargs)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._inflight:
+            raise AssertionError(
+                "zero_grad() was called while gradient allreduces of this step are still running "
+                "(after backward, before step() or synchronize()); that would race with them. Call "
+                "step() or synchronize() first.")
+        self._optimizer.zero_grad(set_to_none=set_to_none)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Change how many backward passes accumulate locally before the allreduce."""
+        if passes <= 0:
+            raise ValueError(f"backward_passes_per_step must be > 0, got {passes}")
+        self._backward_passes_per_step = passes
+        self._reset_step()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._reset_step()
+        self._optimizer.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """Add a group to the wrapped optimizer; its parameters are reduced like the others."""
+        self._optimizer.add_param_group(param_group)
+        g = len(self._optimizer.param_groups) - 1
+        new = [p for p in self._optimizer.param_groups[g]["params"] if p.requires_grad and p not in self._passes_left]
+        for i, p in enumerate(new):
+            self._names.setdefault(p, f"noname.{g}.{i}")
+            bucket = _Bucket([p], self._names[p])
+            self._buckets.append(bucket)
+            self._bucket_of[p] = bucket
+            self._passes_left[p] = self._backward_passes_per_step
+        if self._active:
+            self._register_hooks(new)
+
+
+def _parameter_names(optimizer: torch.optim.Optimizer, named_parameters: Any) -> dict[torch.Tensor, str]:
+    """A unique op name for every parameter: the model's names, else its position."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if named_parameters is None:
+        return {p: f"noname.{g}.{i}" for g, group in enumerate(optimizer.param_groups)
+                for i, p in enumerate(group["params"])}
+    named = list(named_parameters)
+    if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
+        raise ValueError("named_parameters must be a sequence of (name, parameter) tuples, as "
+                         "model.named_parameters() produces")
+    counts = Counter(name for name, _ in named)
+    duplicates = sorted(name for name, count in counts.items() if count > 1)
+    if duplicates:
+        raise ValueError(f"named_parameters has duplicate names: {', '.join(duplicates)}; every parameter "
+                         "needs its own name (its gradient's allreduce is matched across ranks by name)")
+    by_param = {p: name for name, p in named}
+    missing = [p for p in params if p not in by_param]
+    if missing:
+        shown = ", ".join(f"{tuple(p.shape)} (id {id(p)})" for p in missing[:5])
+        raise ValueError(f"named_parameters does not name {len(missing)} of the optimizer's parameters: {shown}"
+                         f"{' ...' if len(missing) > 5 else ''}. Pass model.named_parameters() of the model "
+                         "whose parameters the optimizer updates")
+    return by_param
+
+
+def _make_buckets(params: list[torch.Tensor], groups: int | Sequence[Sequence[torch.Tensor]] | None,
+                  names: dict[torch.Tensor, str]) -> list[_Bucket]:
+    if not groups:
+        return [_Bucket([p], names[p]) for p in params]
+    if isinstance(groups, int):
+        n = min(groups, len(params)) or 1
+        size, extra = divmod(len(params), n)
+        chunks, start = [], 0
+        for i in range(n):
+            end = start + size + (i < extra)
+            chunks.append(params[start:end])
+            start = end
+    else:
+        chunks, seen = [], set()
+        wanted = set(params)
+        for group in groups:
+            chunk = [p for p in group if p in wanted]
+            if any(p in seen for p in chunk):
+                raise ValueError("groups: a parameter appears in more than one group")
+            seen.update(chunk)
+            if chunk:
+                chunks.append(chunk)
+        chunks += [[p] for p in params if p not in seen]  # the rest, one by one
+    return [_Bucket(chunk, names[chunk[0]]) for chunk in chunks if chunk]
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
+                         compression: type[Compressor] = Compression.none, backward_passes_per_step: int = 1,
+                         op: int = Average, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups: int | Sequence[Sequence[torch.Tensor]] | None = None, sparse_as_dense: bool = False,
+                         process_set: ProcessSet = global_process_set) -> Any:
+    """Wrap `optimizer` so that `step()` uses gradients averaged (op=Average) over the ranks of
+    `process_set`.
+
+    named_parameters: `model.named_parameters()`, to name each gradient's allreduce (recommended;
+      otherwise parameters are named by position). Names must be unique and cover every parameter.
+    compression: `Compression.none`, `.fp16` or `.bf16` for the gradients on the wire.
+    backward_passes_per_step: backward passes accumulated locally before each allreduce.
+    op: `Average` or `Sum` (`Adasum` is not implemented yet).
+    gradient_predivide_factor: with Average, divide by this before the sum and by size/factor after.
+    groups: an int N to reduce the parameters in N grouped allreduces, or a list of parameter lists
+      (each reduced as one; parameters in no list go alone). `num_groups` is its deprecated name.
+    sparse_as_dense: reduce sparse gradients as dense tensors instead of by gathering.
+    """
+    if op == Adasum:
+        raise NotImplementedError(
+            "DistributedOptimizer(op=Adasum) is not implemented in khorovod yet: it needs the Adasum "
+            "reduction (its own issue) and the delta-optimizer built on it. Use op=hvd.Average.")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor is only meaningful with op=Average")
+    if num_groups != 0:
+        warnings.warn("num_groups is deprecated; use groups=", DeprecationWarning, stacklevel=2)
+        if groups is None:
+            groups = num_groups
+    if groups is not None and not (isinstance(groups, (list, tuple)) or (isinstance(groups, int) and groups >= 0)):
+        raise ValueError(f"groups must be a non-negative int or a list of lists of parameters, got {groups!r}")
+    if backward_passes_per_step <= 0:
+        raise ValueError(f"backward_passes_per_step must be > 0, got {backward_passes_per_step}")
+    return _DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step, op,
+                                 gradient_predivide_factor, groups, sparse_as_dense, process_set)
