@@ -1,0 +1,175 @@
+"""`DistributedOptimizer` for Keras 3 optimizers, on the tensorflow, torch and jax backends.
+
+A wrapper in the manner of Keras' own `LossScaleOptimizer`: it is a `keras.optimizers.Optimizer`
+holding the user's optimizer, reduces the gradients across ranks in `apply` and hands them
+on. Its state *is* the wrapped optimizer's (`variables`, `iterations`, `learning_rate`), plus
+the accumulators when `backward_passes_per_step > 1`. Other public attributes (`momentum`,
+`beta_1`, ...) read through to the wrapped optimizer.
+
+Keras 3 calls `apply` from every backend's train step (TensorFlow through `apply_gradients`,
+JAX through `stateless_apply`, which runs `apply` in a stateless scope), so this one method is
+the whole integration.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import keras
+from keras import ops
+
+from horovod._keras.compression import Compression, compression_name
+from horovod._keras.transport import allreduce_gradients, check_backend, is_traced_jax
+from horovod.common.compression import Compressor
+from horovod.common.gradients import GradientReducer
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.common.reduce_ops import OP_NAMES, Average
+
+
+@keras.saving.register_keras_serializable(package="horovod")
+class DistributedOptimizer(keras.optimizers.Optimizer):
+    """Wrap a Keras 3 optimizer so every step applies the gradients averaged over all ranks.
+
+        opt = hvd.DistributedOptimizer(keras.optimizers.Adam(0.001 * hvd.size()))
+        model.compile(optimizer=opt, loss=...)
+
+    `backward_passes_per_step=n` sums the gradients of n calls locally and reduces and applies
+    them on every n-th call (divided by n when `average_aggregated_gradients`); the other calls
+    change no weights. `device_dense`/`device_sparse` are accepted for compatibility.
+    """
+
+    def __init__(self, optimizer: keras.optimizers.Optimizer, name: str | None = None, device_dense: str = "",
+                 device_sparse: str = "", compression: type[Compressor] = Compression.none,
+                 sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0, op: int = Average,
+                 backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
+                 num_groups: int = 0, groups: Any = None, process_set: ProcessSet = global_process_set,
+                 scale_local_gradients: bool = True) -> None:
+        check_backend()
+        if isinstance(optimizer, DistributedOptimizer):
+            raise ValueError("the optimizer is already a DistributedOptimizer")
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            raise ValueError(f"DistributedOptimizer wraps a Keras 3 optimizer, got {type(optimizer).__name__}")
+        if backward_passes_per_step < 1:
+            raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+        name = name or f"Distributed{type(optimizer).__name__}"
+        super().__init__(learning_rate=0.0, name=name)
+        self._optimizer = optimizer
+        self._reducer = GradientReducer(name, op, gradient_predivide_factor, num_groups, groups, process_set,
+                                        compression, scale_local_gradients)
+        self._sparse_as_dense = sparse_as_dense
+        self._passes_per_step = int(backward_passes_per_step)
+        self._average_aggregated = average_aggregated_gradients
+        self._gradient_predivide_factor = gradient_predivide_factor
+        self._hvd_variables: list[Any] = []
+
+    # -- the wrapped optimizer's state is ours -------------------------------------------------------
+    @property
+    def inner_optimizer(self) -> keras.optimizers.Optimizer:
+        return self._optimizer
+
+    @property
+    def variables(self) -> list[Any]:
+        return self._optimizer.variables + list(self._hvd_variables)
+
+    @property
+    def iterations(self) -> Any:
+        return self._optimizer.iterations
+
+    @property
+    def learning_rate(self) -> Any:
+        return self._optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value: Any) -> None:
+        self._optimizer.learning_rate = value
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails: public hyperparameters of the wrapped optimizer.
+        inner = self.__dict__.get("_optimizer")
+        if inner is None or name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return getattr(inner, name)
+
+    def register_local_source(self, variable: Any) -> None:
+        """Keep `variable`'s gradient on this rank (see DistributedGradientTape)."""
+        self._reducer.register_local_source(variable)
+
+    def build(self, variables: Sequence[Any]) -> None:
+        if not self._optimizer.built:
+            self._optimizer.build(variables)
+        if self._passes_per_step > 1 and not self._hvd_variables:
+            accumulators = [self.add_variable_from_reference(v, name="hvd_aggregated") for v in variables]
+            passes = self.add_variable(shape=(), dtype="int32", initializer="zeros", name="hvd_passes")
+            self._hvd_variables = accumulators + [passes]
+        super().build(variables)
+
+    def scale_loss(self, loss: Any) -> Any:
+        return self._optimizer.scale_loss(loss)
+
+    def finalize_variable_values(self, var_list: Sequence[Any]) -> None:
+        self._optimizer.finalize_variable_values(var_list)
+
+    # -- the step ---------------------------------------------------------------------------------------
+    def apply_gradients(self, grads_and_vars: Any) -> Any:
+        grads, variables = zip(*grads_and_vars)
+        self.apply(grads, variables)
+        return self.iterations
+
+    def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> None:
+        if not self.built:
+            with keras.name_scope(self.name):
+                self.build(list(trainable_variables) if trainable_variables is not None else [])
+        variables = list(trainable_variables) if trainable_variables is not None else list(self._trainable_variables)
+        grads = list(grads)
+        if self._passes_per_step == 1:
+            reduced = allreduce_gradients(self._reducer, grads, variables, self._sparse_as_dense)
+            self._optimizer.apply(reduced, trainable_variables)
+            return
+        if is_traced_jax(grads):
+            raise NotImplementedError(
+                "backward_passes_per_step > 1 is not supported inside jax.jit; compile the model with "
+                "jit_compile=False, or use the wrapped optimizer's gradient_accumulation_steps instead")
+        *accumulators, passes = self._hvd_variables
+        mine = [accumulators[self._get_variable_index(v)] for v in variables]
+        for acc, grad in zip(mine, grads):
+            if grad is not None:
+                acc.assign_add(ops.convert_to_tensor(grad))
+        passes.assign_add(1)
+
+        def reduce_and_apply() -> None:
+            scale = 1.0 / self._passes_per_step if self._average_aggregated else 1.0
+            summed = [None if g is None else ops.convert_to_tensor(acc) * scale for acc, g in zip(mine, grads)]
+            reduced = allreduce_gradients(self._reducer, summed, variables, self._sparse_as_dense)
+            self._optimizer.apply(reduced, trainable_variables)
+            for acc in mine:
+                acc.assign(ops.zeros_like(acc))
+
+        ops.cond(ops.equal(passes % self._passes_per_step, 0), reduce_and_apply, lambda: None)
+
+    # -- saving ------------------------------------------------------------------------------------------
+    def get_config(self) -> dict[str, Any]:
+        config = {
+            "name": self.name,
+            "optimizer": keras.saving.serialize_keras_object(self._optimizer),
+            "sparse_as_dense": self._sparse_as_dense,
+            "gradient_predivide_factor": self._gradient_predivide_factor,
+            "op": self._reducer.op,
+            "backward_passes_per_step": self._passes_per_step,
+            "average_aggregated_gradients": self._average_aggregated,
+            "scale_local_gradients": self._reducer.scale_local_gradients,
+        }
+        if isinstance(self._reducer.groups, int):
+            config["groups"] = self._reducer.groups
+        compression = compression_name(self._reducer.compression)
+        if compression:
+            config["compression"] = compression
+        return config
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> "DistributedOptimizer":
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
+        config["compression"] = getattr(Compression, config.get("compression", "none"))
+        if config.get("op") not in OP_NAMES:
+            config.pop("op", None)
+        return cls(inner, **config)
