@@ -35,11 +35,14 @@ class Runtime:
     rendezvous: RendezvousClient | None
     timeline: Any
     process_sets: dict[int, ProcessSet] = field(default_factory=dict)
-    name_counter: int = 0
+    name_counters: dict[int, int] = field(default_factory=dict)
 
-    def next_anonymous_id(self) -> int:
-        self.name_counter += 1
-        return self.name_counter
+    def next_anonymous_id(self, process_set: ProcessSet) -> int:
+        """Unnamed ops are numbered per process set: members submit the same sequence of ops in
+        a set, whatever else they do, so their generated names agree."""
+        key = process_set.process_set_id if process_set.process_set_id is not None else -1
+        self.name_counters[key] = self.name_counters.get(key, 0) + 1
+        return self.name_counters[key]
 
     def submit(self, process_set: ProcessSet, entries: list[Entry]) -> None:
         process_set._require_registered()
@@ -73,6 +76,7 @@ class Runtime:
         set_id = self._set_change(OpType.ADD_PROCESS_SET, f"process_set.add.{ps.ranks}", tuple(ps.ranks), -1)
         ps.process_set_id = set_id
         self.process_sets[set_id] = ps
+        self.name_counters.pop(set_id, None)  # ids are reused: a new set starts numbering afresh
         return ps
 
     def remove_process_set(self, ps: ProcessSet) -> bool:
@@ -92,6 +96,7 @@ _lock = threading.RLock()
 _generation = 0
 _atexit_registered = False
 _failure_reported = False
+_exiting_with_error = False  # set by the excepthook: shutdown() then leaves without waiting
 
 
 def runtime() -> Runtime:
@@ -193,7 +198,7 @@ def shutdown() -> None:
         if rt is None:
             return
         _runtime = None
-        rt.engine.request_shutdown()
+        rt.engine.request_shutdown(wait_for_peers=not _exiting_with_error)
         if rt.timeline is not None:
             rt.timeline.stop()
         if rt.rendezvous is not None:
@@ -210,6 +215,8 @@ def _install_failure_reporter() -> None:
         return
 
     def report(exc_type: type, exc: BaseException, tb: Any) -> None:
+        global _exiting_with_error
+        _exiting_with_error = True
         report_failure("".join(traceback.format_exception(exc_type, exc, tb)))
         previous(exc_type, exc, tb)
 

@@ -18,12 +18,13 @@ from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Adasum, Average, Sum, check_reducible, dtype_name
 
 
-def _op_name(prefix: str, name: str | None, rt: basics.Runtime) -> str:
-    return f"{prefix}.{name}" if name else f"{prefix}.noname.{rt.next_anonymous_id()}"
+def _op_name(prefix: str, name: str | None, rt: basics.Runtime, process_set: ProcessSet) -> str:
+    return f"{prefix}.{name}" if name else f"{prefix}.noname.{rt.next_anonymous_id(process_set)}"
 
 
-def _group_names(prefix: str, name: str | None, count: int, rt: basics.Runtime) -> list[str]:
-    base = _op_name(prefix, name, rt)
+def _group_names(prefix: str, name: str | None, count: int, rt: basics.Runtime,
+                 process_set: ProcessSet) -> list[str]:
+    base = _op_name(prefix, name, rt, process_set)
     return [f"{base}_{i + 1}of{count}" for i in range(count)]
 
 
@@ -33,7 +34,10 @@ def _check_array(array: object, op: str, name: str) -> np.ndarray:
     if not array.flags.c_contiguous:
         raise ValueError(f"{op} {name}: the tensor is not contiguous; pass a contiguous copy "
                          "(numpy.ascontiguousarray / tensor.contiguous())")
-    dtype_name(array.dtype)
+    try:
+        dtype_name(array.dtype)
+    except ValueError as exc:
+        raise ValueError(f"{op} {name}: {exc}") from None
     return array
 
 
@@ -60,7 +64,7 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], name: str | None = No
 
     Pass `outputs=tensors` to reduce in place."""
     rt = basics.runtime()
-    names = _group_names(prefix, name, len(tensors), rt)
+    names = _group_names(prefix, name, len(tensors), rt, process_set)
     return _allreduce_entries(rt, tensors, names, op, prescale_factor, postscale_factor, process_set,
                               outputs, grouped=True)
 
@@ -71,7 +75,7 @@ def allreduce_async(tensor: np.ndarray, name: str | None = None, op: int = Avera
     """Reduce `tensor` across the set; result: `output` (a new array unless given; pass the
     input itself to reduce in place)."""
     rt = basics.runtime()
-    return _allreduce_entries(rt, [tensor], [_op_name("allreduce", name, rt)], op, prescale_factor,
+    return _allreduce_entries(rt, [tensor], [_op_name("allreduce", name, rt, process_set)], op, prescale_factor,
                               postscale_factor, process_set, None if output is None else [output], grouped=False)
 
 
@@ -100,7 +104,7 @@ def _allreduce_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names:
 def grouped_allgather_async(tensors: Sequence[np.ndarray], name: str | None = None,
                             process_set: ProcessSet = global_process_set) -> Handle:
     rt = basics.runtime()
-    return _allgather_entries(rt, tensors, _group_names("grouped_allgather", name, len(tensors), rt),
+    return _allgather_entries(rt, tensors, _group_names("grouped_allgather", name, len(tensors), rt, process_set),
                               process_set, grouped=True)
 
 
@@ -108,7 +112,7 @@ def allgather_async(tensor: np.ndarray, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Concatenate every member's `tensor` along dim 0 (dim 0 may differ per rank)."""
     rt = basics.runtime()
-    return _allgather_entries(rt, [tensor], [_op_name("allgather", name, rt)], process_set, grouped=False)
+    return _allgather_entries(rt, [tensor], [_op_name("allgather", name, rt, process_set)], process_set, grouped=False)
 
 
 def _allgather_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names: list[str],
@@ -132,7 +136,7 @@ def broadcast_async(tensor: np.ndarray, root_rank: int, name: str | None = None,
     """Every member receives the global rank `root_rank`'s tensor (in `output`; pass the input
     to broadcast in place)."""
     rt = basics.runtime()
-    full_name = _op_name("broadcast", name, rt)
+    full_name = _op_name("broadcast", name, rt, process_set)
     tensor = _check_array(tensor, "broadcast", full_name)
     process_set._require_registered()
     if root_rank not in process_set.ranks:
@@ -148,7 +152,7 @@ def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None
                    process_set: ProcessSet = global_process_set) -> Handle:
     """Send splits[j] rows to member j; result: (received rows, received splits as int32)."""
     rt = basics.runtime()
-    full_name = _op_name("alltoall", name, rt)
+    full_name = _op_name("alltoall", name, rt, process_set)
     tensor = _check_array(tensor, "alltoall", full_name)
     process_set._require_registered()
     n = len(process_set.ranks)
@@ -179,7 +183,7 @@ def grouped_reducescatter_async(tensors: Sequence[np.ndarray], name: str | None 
                                 prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                                 process_set: ProcessSet = global_process_set) -> Handle:
     rt = basics.runtime()
-    names = _group_names("grouped_reducescatter", name, len(tensors), rt)
+    names = _group_names("grouped_reducescatter", name, len(tensors), rt, process_set)
     return _reducescatter_entries(rt, tensors, names, op, prescale_factor, postscale_factor, process_set, True)
 
 
@@ -189,7 +193,7 @@ def reducescatter_async(tensor: np.ndarray, name: str | None = None, op: int = A
     """Reduce across the set and keep this member's block of dim 0 (the first dim0 % n members
     get one extra row)."""
     rt = basics.runtime()
-    return _reducescatter_entries(rt, [tensor], [_op_name("reducescatter", name, rt)], op, prescale_factor,
+    return _reducescatter_entries(rt, [tensor], [_op_name("reducescatter", name, rt, process_set)], op, prescale_factor,
                                   postscale_factor, process_set, False)
 
 

@@ -74,6 +74,9 @@ class Engine:
         os.set_blocking(self._wake_w, False)
         os.set_blocking(self._wake_r, False)
         self._shutdown_requested = False
+        self._shutdown_announced = False  # our shutdown flag reached every peer
+        self._wait_for_peers = True
+        self._shut_down_ranks: set[int] = set()
         self._force_cycle = False
         self._stopped = threading.Event()
         self.fatal: HorovodInternalError | None = None
@@ -94,6 +97,9 @@ class Engine:
         state = self.sets.get(set_id)
         if state is None:
             raise ValueError(f"process set {set_id} is not registered (was it removed?)")
+        gone = self._shut_down_ranks.intersection(state.members)
+        if gone:
+            raise self._shutdown_error(gone, entries[0].name)
         with state.lock:
             for entry in entries:
                 if entry.name in state.names:
@@ -114,14 +120,35 @@ class Engine:
         except (BlockingIOError, OSError):
             pass
 
-    def request_shutdown(self, timeout: float = 30.0) -> None:
+    def request_shutdown(self, wait_for_peers: bool = True) -> None:
+        """Leave the job.
+
+        Normally this rank keeps serving negotiation until every rank has shut down, so ranks
+        still working in process sets without us can finish; anything that needs us fails at
+        once. A rank leaving because of an error does not wait: it announces its departure and
+        goes, so it is the first to exit and the launcher reports its error as the root cause.
+        """
+        self._wait_for_peers = wait_for_peers
         self._shutdown_requested = True
         self._wake()
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            log.warning("engine did not stop within %.0f s; abandoning it", timeout)
-            self._fail_everything(HorovodInternalError("Horovod shutdown timed out"))
-            self.transport.close()
+        if not wait_for_peers:
+            self._thread.join(5.0)
+            if self._thread.is_alive():
+                self.transport.close()
+            return
+        while True:
+            self._thread.join(60.0)
+            if not self._thread.is_alive():
+                return
+            waiting_for = sorted(set(range(self.transport.size)) - self._shut_down_ranks)
+            log.warning("rank %d: waiting for ranks %s to finish and shut down", self.rank, waiting_for)
+
+    def _shutdown_error(self, gone: set[int], name: str) -> HorovodInternalError:
+        who = ", ".join(map(str, sorted(gone)))
+        return HorovodInternalError(
+            f"{name}: rank {who} has shut down (it called hvd.shutdown() or its script ended), so this "
+            "collective can never complete. If that rank failed, its error is the root cause; otherwise "
+            "make every rank run the same collectives before exiting.")
 
     def register_set(self, set_id: int, members: tuple[int, ...]) -> None:
         self._register_set(set_id, members)
@@ -172,7 +199,8 @@ class Engine:
         return any(state.unsent or state.waiting for state in self.sets.values())
 
     def _has_new_work(self) -> bool:
-        return self._shutdown_requested or self._force_cycle or any(state.new for state in self.sets.values())
+        return ((self._shutdown_requested and not self._shutdown_announced) or self._force_cycle
+                or any(state.new for state in self.sets.values()))
 
     def _loop(self) -> None:
         cycle = self.settings.cycle_time_ms / 1000.0
@@ -230,19 +258,18 @@ class Engine:
             state = self.sets.get(set_id)
             if state is None or self.rank not in state.members:
                 continue
-            shutdown_ranks, fatal = self._negotiate_and_run(state, force)
+            fatal = self._negotiate_and_run(state, force)
             if fatal:
                 self._die(fatal)
                 return False
-            if shutdown_ranks:
-                who = ", ".join(map(str, shutdown_ranks))
-                self._fail_everything(HorovodInternalError(
-                    f"Horovod has been shut down: rank {who} called hvd.shutdown() (or its process is "
-                    "exiting) while this op was pending. If that rank failed, its error is the cause."))
+        if self.rank in self._shut_down_ranks:  # our flag went out in this cycle's exchange
+            self._shutdown_announced = True
+            if not self._wait_for_peers or len(self._shut_down_ranks) == self.transport.size:
                 return False
         return True
 
-    def _negotiate_and_run(self, state: SetState, force: bool) -> tuple[list[int], str]:
+    def _negotiate_and_run(self, state: SetState, force: bool) -> str:
+        """One set's share of the cycle; returns a fatal error message ('' when all is well)."""
         now = time.monotonic()
         with state.lock:
             new, state.new = state.new, []
@@ -278,14 +305,23 @@ class Engine:
         all_ones = (1 << cache.num_bits) - 1
         # Joined ranks submit nothing: only the others decide which cached tensors are ready.
         common = all_ones if any(not f & _JOINED for f, _, _ in replies) else 0
-        any_invalid, any_flags, shutdown_ranks = 0, 0, []
+        any_invalid, any_flags = 0, 0
         for member, (m_flags, m_hits, m_invalid) in zip(members, replies):
             if not m_flags & _JOINED:
                 common &= m_hits
             any_invalid |= m_invalid
             any_flags |= m_flags
             if m_flags & _SHUTDOWN:
-                shutdown_ranks.append(member)
+                self._shut_down_ranks.add(member)
+        gone = self._shut_down_ranks.intersection(members)
+        if gone:  # every member sees the same flags, so all of them stop this set together
+            with state.lock:
+                pending = state.new + [e for e, _ in state.unsent.values()] + list(state.waiting.values())
+                state.new, state.unsent, state.waiting = [], {}, {}
+                state.names.clear()
+            for entry in pending:
+                entry.finish(error=self._shutdown_error(gone, entry.name))
+            return ""
         if any_invalid:
             common &= ~any_invalid
             for bit in _bits(any_invalid):
@@ -314,10 +350,10 @@ class Engine:
                     cache.put(response, entry.request.signature() if entry else None)
             responses.extend(slow)
         if fatal:
-            return shutdown_ranks, fatal
+            return fatal
         for response in plan_fusion(responses, self.settings.fusion_threshold):
             self._execute(state, response)
-        return shutdown_ranks, ""
+        return ""
 
     def _slow_path(self, state: SetState, payload: bytes) -> tuple[str, list[Response]]:
         members, root = state.members, state.members[0]
