@@ -1,0 +1,132 @@
+"""Pure pieces of the engine: fusion planning, validation, readiness, the response cache."""
+
+import pytest
+
+from horovod.common.engine.coordinator import Coordinator, stall_message, validate
+from horovod.common.engine.fusion import plan_fusion
+from horovod.common.engine.messages import OpType, Request, Response
+from horovod.common.engine.response_cache import ResponseCache
+from horovod.common.reduce_ops import Average, Max, Sum
+
+
+def ar(name, count, dtype="float32", op=Sum, pre=1.0):
+    return Response(OpType.ALLREDUCE, [name], dtype, [(count,)], reduce_op=op, prescale=pre)
+
+
+class TestFusion:
+    def test_fuses_compatible_allreduces_up_to_the_threshold(self):
+        plan = plan_fusion([ar("a", 10), ar("b", 10), ar("c", 10)], threshold_bytes=80)
+        assert [r.names for r in plan] == [["a", "b"], ["c"]]
+        assert plan[0].shapes == [(10,), (10,)]
+
+    def test_zero_threshold_disables_fusion(self):
+        plan = plan_fusion([ar("a", 1), ar("b", 1)], threshold_bytes=0)
+        assert [r.names for r in plan] == [["a"], ["b"]]
+
+    def test_looks_past_other_dtypes_and_keeps_order_of_first_members(self):
+        plan = plan_fusion([ar("a", 1), ar("h", 1, "float16"), ar("b", 1), ar("i", 1, "float16")], 1 << 20)
+        assert [r.names for r in plan] == [["a", "b"], ["h", "i"]]
+
+    def test_never_fuses_different_ops_scales_or_other_collectives(self):
+        gather = Response(OpType.ALLGATHER, ["g"], "float32", [(1,)], first_dims=[[1, 1]])
+        plan = plan_fusion([ar("a", 1), ar("m", 1, op=Max), gather, ar("p", 1, pre=2.0), ar("b", 1)], 1 << 20)
+        assert [r.names for r in plan] == [["a", "b"], ["m"], ["g"], ["p"]]
+
+    def test_a_tensor_bigger_than_the_threshold_travels_alone(self):
+        plan = plan_fusion([ar("big", 1000), ar("a", 1)], threshold_bytes=64)
+        assert [r.names for r in plan] == [["big"], ["a"]]
+
+
+def req(rank, name="allreduce.x", op=OpType.ALLREDUCE, dtype="float32", shape=(2,), **kw):
+    return Request(rank, op, name, dtype, shape, **kw)
+
+
+class TestValidation:
+    def test_agreeing_requests_pass(self):
+        assert validate("t", {0: req(0), 1: req(1)}, (0, 1), []) == ""
+
+    def test_messages_group_ranks_by_value(self):
+        message = validate("t", {0: req(0), 1: req(1, dtype="int32"), 2: req(2)}, (0, 1, 2), [])
+        assert message.startswith("ALLREDUCE t: mismatched data types")
+        assert "ranks [0, 2]: float32; rank 1: int32" in message
+
+    def test_allgather_may_differ_in_dim0_only(self):
+        ok = {0: req(0, op=OpType.ALLGATHER, shape=(1, 3)), 1: req(1, op=OpType.ALLGATHER, shape=(5, 3))}
+        assert validate("g", ok, (0, 1), []) == ""
+        bad = {0: req(0, op=OpType.ALLGATHER, shape=(1, 3)), 1: req(1, op=OpType.ALLGATHER, shape=(1, 4))}
+        assert "trailing dimensions" in validate("g", bad, (0, 1), [])
+
+    def test_only_allreduce_runs_with_joined_ranks(self):
+        message = validate("b", {0: req(0, op=OpType.BROADCAST, root_rank=0)}, (0, 1), [1])
+        assert "join" in message and "ranks [1]" in message
+
+    def test_broadcast_root_and_scale_factor_mismatches(self):
+        roots = {0: req(0, op=OpType.BROADCAST, root_rank=0), 1: req(1, op=OpType.BROADCAST, root_rank=1)}
+        assert "root ranks" in validate("b", roots, (0, 1), [])
+        scales = {0: req(0, prescale=1.0), 1: req(1, prescale=0.5)}
+        assert "prescale" in validate("s", scales, (0, 1), [])
+
+
+class TestCoordinator:
+    def test_ready_when_every_member_submitted_in_arrival_order(self):
+        coordinator = Coordinator((0, 1))
+        assert coordinator.add([req(0, "a"), req(0, "b")]) == []
+        assert coordinator.add([req(1, "b"), req(1, "a")]) == ["b", "a"]
+        responses = coordinator.build_responses(["b", "a"])
+        assert [r.names for r in responses] == [["b"], ["a"]] and not coordinator.table
+
+    def test_joined_ranks_count_as_submitted_and_join_completes_with_last_rank(self):
+        coordinator = Coordinator((0, 1, 2))
+        coordinator.add([req(0, "a")])
+        coordinator.add([Request(2, OpType.JOIN, "join.noname")])
+        assert coordinator.add([req(1, "a")]) == ["a"]
+        coordinator.add([Request(0, OpType.JOIN, "join.noname")])
+        coordinator.add([Request(1, OpType.JOIN, "join.noname")])
+        responses = coordinator.build_responses(["a"])
+        assert responses[-1].op_type == OpType.JOIN and responses[-1].last_joined_rank == 1
+        assert coordinator.joined == []
+
+    def test_stalled_lists_missing_ranks(self):
+        coordinator = Coordinator((0, 1, 2))
+        coordinator.add([req(0, "a")], now=0.0)
+        coordinator.add([req(1, "a")], now=5.0)
+        assert coordinator.stalled(now=61.0, older_than=60.0) == {"a": [2]}
+        assert coordinator.stalled(now=30.0, older_than=60.0) == {}
+        message = stall_message({"a": [2], "b": [1, 2]}, 60, shutting_down=True)
+        assert "  1: [b]" in message and "  2: [a, b]" in message and "Shutting down" in message
+
+
+class TestResponseCache:
+    def test_hit_miss_and_invalid(self):
+        cache = ResponseCache(4)
+        request = req(0, "a")
+        assert cache.lookup(request) == ("miss", -1)
+        cache.put(ar("a", 2), request.signature())
+        assert cache.lookup(request) == ("hit", 0)
+        assert cache.lookup(req(0, "a", shape=(3,))) == ("invalid", 0)
+
+    def test_identical_puts_give_identical_bits_with_eviction_and_reuse(self):
+        caches = [ResponseCache(2), ResponseCache(2)]
+        for cache in caches:
+            for name in ["a", "b", "c"]:       # "a" is evicted, its bit reused by "c"
+                cache.put(ar(name, 1), req(0, name).signature())
+            cache.erase_bit(cache.lookup(req(0, "b"))[1])
+            cache.put(ar("d", 1), req(0, "d").signature())
+        bits = [[c.lookup(req(0, n)) for n in "abcd"] for c in caches]
+        assert bits[0] == bits[1]
+        assert bits[0][0] == ("miss", -1) and bits[0][1] == ("miss", -1)
+        assert {bits[0][2][1], bits[0][3][1]} == {0, 1}
+
+    def test_disabled_cache_never_hits(self):
+        cache = ResponseCache(0)
+        cache.put(ar("a", 1), req(0, "a").signature())
+        assert not cache.enabled and cache.lookup(req(0, "a")) == ("miss", -1)
+
+
+def test_messages_round_trip_through_the_wire_codec():
+    from horovod.common import wire
+
+    request = Request(3, OpType.ALLTOALL, "alltoall.x", "float16", (4, 2), -1, Average, 1.0, 0.5, (1, 3))
+    assert Request.from_wire(wire.decode(wire.encode(request.to_wire()))) == request
+    response = Response(OpType.ALLGATHER, ["a", "b"], "int8", [(1, 2), (3, 2)], [[1, 2], [3, 4]])
+    assert Response.from_wire(wire.decode(wire.encode(response.to_wire()))) == response
