@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project's virtual environment with khorovod and every extra the
+# examples and tests use. torch is pinned to 2.13.0: an unpinned torch pulls gigabytes of CUDA.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+if [ ! -x "$VENV/bin/python" ]; then
+    python3 -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[torch,tensorflow,test]"
+echo "$VENV"
