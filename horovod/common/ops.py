@@ -94,10 +94,8 @@ def _allreduce_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names:
         request = _request(rt, OpType.ALLREDUCE, name, tensor, reduce_op=op, prescale=float(prescale),
                            postscale=float(postscale))
         entries.append(Entry(request, tensor, output, handle, i))
-    if not entries:
-        handle._event.set()
-        return handle
-    rt.submit(process_set, entries)
+    if entries:
+        rt.submit(process_set, entries)
     return handle
 
 
@@ -124,10 +122,8 @@ def _allgather_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names:
         if tensor.ndim == 0:
             raise ValueError(f"allgather {name}: cannot gather a rank-zero tensor; reshape it to [1]")
         entries.append(Entry(_request(rt, OpType.ALLGATHER, name, tensor), tensor, None, handle, i))
-    if not entries:
-        handle._event.set()
-        return handle
-    rt.submit(process_set, entries)
+    if entries:
+        rt.submit(process_set, entries)
     return handle
 
 
@@ -216,10 +212,8 @@ def _reducescatter_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], na
         request = _request(rt, OpType.REDUCESCATTER, name, tensor, reduce_op=op, prescale=float(prescale),
                            postscale=float(postscale))
         entries.append(Entry(request, tensor, output, handle, i))
-    if not entries:
-        handle._event.set()
-        return handle
-    rt.submit(process_set, entries)
+    if entries:
+        rt.submit(process_set, entries)
     return handle
 
 

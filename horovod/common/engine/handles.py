@@ -27,6 +27,8 @@ class Handle:
         self._lock = threading.Lock()
         self.grouped = grouped
         self.name = name
+        if count == 0:  # an empty grouped call is complete at once
+            self._event.set()
 
     def poll(self) -> bool:
         return self._event.is_set()
