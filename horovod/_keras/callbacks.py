@@ -9,11 +9,16 @@ from typing import Any, Callable
 import keras
 import numpy as np
 
+from horovod._keras.optimizer import DistributedOptimizer
 from horovod.common import basics
 from horovod.common import ops as core
 
 
 def _optimizer_variables(optimizer: Any) -> list[Any]:
+    """The optimizer state every rank must share (a DistributedOptimizer's own aggregation
+    buffers hold this rank's gradients and stay local)."""
+    if isinstance(optimizer, DistributedOptimizer):
+        optimizer = optimizer.inner_optimizer
     return list(optimizer.variables) if optimizer is not None else []
 
 

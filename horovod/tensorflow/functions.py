@@ -8,9 +8,10 @@ import tensorflow as tf
 
 from horovod.common import ops as core
 from horovod.common.process_sets import ProcessSet, global_process_set
-from horovod.tensorflow.mpi_ops import _broadcast_values
+from horovod.tensorflow.mpi_ops import _broadcast_values, _no_autograph
 
 
+@_no_autograph
 def broadcast_variables(variables: Sequence[Any], root_rank: int, process_set: ProcessSet = global_process_set,
                         inplace: bool = False) -> Any:
     """Overwrite every variable with its value on the global rank `root_rank`, all in one round

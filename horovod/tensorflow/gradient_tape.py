@@ -13,9 +13,10 @@ from horovod.common.gradients import GradientReducer, Plan
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Average
 from horovod.tensorflow.compression import Compression, Compressor
-from horovod.tensorflow.mpi_ops import _allgather_job, _Job, _run, _set_size, _sparse_op_check
+from horovod.tensorflow.mpi_ops import _allgather_job, _Job, _no_autograph, _run, _set_size, _sparse_op_check
 
 
+@_no_autograph
 def allreduce_gradients(reducer: GradientReducer, grads: Sequence[Any], variables: Sequence[Any],
                         sparse_as_dense: bool = False) -> list[Any]:
     """`grads` (tensors, IndexedSlices or None) reduced across ranks as `reducer` says, in one
@@ -94,6 +95,7 @@ class DistributedGradientTape(tf.GradientTape):
         """Keep the gradient of `source` (a variable) on this rank: it is not allreduced."""
         self._reducer.register_local_source(source)
 
+    @_no_autograph
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE) -> Any:
         grads = self._tape_wrapped.gradient(target, sources, output_gradients, unconnected_gradients)
@@ -101,6 +103,7 @@ class DistributedGradientTape(tf.GradientTape):
                                    self._sparse_as_dense)
         return tf.nest.pack_sequence_as(grads, flat)
 
+    @_no_autograph
     def get_local_and_global_gradients(self, target: Any, sources: Any, **kwargs: Any) -> tuple[list, list]:
         """(local gradients, global gradients) of `sources`, split by `register_local_source`."""
         grads = self.gradient(target, sources, **kwargs)

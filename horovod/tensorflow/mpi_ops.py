@@ -34,6 +34,10 @@ from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Adasum, Average, Sum
 from horovod.tensorflow.compression import Compression, Compressor
 
+# Public entry points are not rewritten by AutoGraph when called from a tf.function: they are
+# plain Python that builds the graph as it is.
+_no_autograph = tf.autograph.experimental.do_not_convert
+
 _SUPPORTED = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
               tf.float64, tf.bool)
 
@@ -52,7 +56,9 @@ class _Job:
         self.inputs, self.dtypes, self.shapes, self.start = list(inputs), list(dtypes), list(shapes), start
 
 
-def _host_run(jobs: Sequence[_Job], arrays: list[np.ndarray]) -> list[np.ndarray]:
+def _host_run(jobs: Sequence[_Job], tensors: Sequence[tf.Tensor]) -> list[np.ndarray]:
+    """Submit every job, then wait for every job (eager tensors in, numpy arrays out)."""
+    arrays = [np.asarray(t.numpy()) for t in tensors]
     waits, at = [], 0
     for job in jobs:
         waits.append(job.start(arrays[at:at + len(job.inputs)]))
@@ -65,11 +71,9 @@ def _run(jobs: Sequence[_Job], label: str = "HorovodCollective") -> list[list[tf
     flat = [t for job in jobs for t in job.inputs]
     dtypes = [d for job in jobs for d in job.dtypes]
     if tf.executing_eagerly():
-        results = _host_run(jobs, [t.numpy() for t in flat])
-        outputs = [tf.convert_to_tensor(r, dtype=d) for r, d in zip(results, dtypes)]
+        outputs = [tf.convert_to_tensor(r, dtype=d) for r, d in zip(_host_run(jobs, flat), dtypes)]
     else:
-        outputs = tf.py_function(lambda *ts: _host_run(jobs, [t.numpy() for t in ts]), flat, Tout=dtypes,
-                                 name=label)
+        outputs = tf.py_function(lambda *tensors: _host_run(jobs, tensors), flat, Tout=dtypes, name=label)
         for out, shape in zip(outputs, (s for job in jobs for s in job.shapes)):
             out.set_shape(shape)
     grouped, at = [], 0
@@ -200,6 +204,7 @@ def _own_rows(grads: list[tf.Tensor], inputs: list[tf.Tensor], process_set: Proc
 
 
 # -- the collectives -----------------------------------------------------------------------------------
+@_no_autograph
 def _allreduce(tensor: Any, name: str | None = None, op: int = Sum, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0, ignore_name_scope: bool = False,
                process_set: ProcessSet = global_process_set) -> tf.Tensor:
@@ -208,6 +213,7 @@ def _allreduce(tensor: Any, name: str | None = None, op: int = Sum, prescale_fac
                               process_set, grouped=False)[0]
 
 
+@_no_autograph
 def _grouped_allreduce(tensors: Sequence[Any], name: str | None = None, op: int = Sum, prescale_factor: float = 1.0,
                        postscale_factor: float = 1.0, ignore_name_scope: bool = False,
                        process_set: ProcessSet = global_process_set, grouped: bool = True) -> list[tf.Tensor]:
@@ -224,6 +230,7 @@ def _grouped_allreduce(tensors: Sequence[Any], name: str | None = None, op: int 
     return _differentiable(forward, forward, inputs)
 
 
+@_no_autograph
 def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", device_sparse: str = "",
               compression: type[Compressor] = Compression.none, op: int | None = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0, name: str | None = None,
@@ -261,6 +268,7 @@ def _sparse_allreduce(slices: tf.IndexedSlices, op: int, factor: float, name: st
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
+@_no_autograph
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, device_dense: str = "",
                       device_sparse: str = "", compression: type[Compressor] = Compression.none,
                       op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
@@ -278,12 +286,14 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, devic
     return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, pairs)]
 
 
+@_no_autograph
 def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """Concatenate every member's tensor along dim 0 (dim 0 may differ between ranks)."""
     return _allgather([tensor], name, ignore_name_scope, process_set, grouped=False)[0]
 
 
+@_no_autograph
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_name_scope: bool = False,
                       process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
     return _allgather(tensors, name, ignore_name_scope, process_set, grouped=True)
@@ -308,6 +318,7 @@ def _allgather(tensors: Sequence[Any], name: str | None, ignore_name_scope: bool
     return _differentiable(forward, backward, inputs)
 
 
+@_no_autograph
 def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_scope: bool = False,
               process_set: ProcessSet = global_process_set) -> tf.Tensor:
     """The global rank `root_rank`'s tensor, on every member. Differentiable: the root receives the
@@ -325,6 +336,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
     return _differentiable(forward, backward, inputs)[0]
 
 
+@_no_autograph
 def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
     """Overwrite `variables` with the root's values, in place; returns their new values."""
@@ -343,6 +355,7 @@ def _broadcast_values(variables: Sequence[Any], root_rank: int, prefix: str,
     return [outs[0] for outs in _run(jobs, "HorovodBroadcastVariables")] if jobs else []
 
 
+@_no_autograph
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_name_scope: bool = False,
              process_set: ProcessSet = global_process_set) -> Any:
     """Send `splits[j]` rows to member j (equal parts when None). Returns the received rows, and
@@ -402,6 +415,7 @@ def _reducescatter(tensors: Sequence[Any], name: str | None, op: int, prescale_f
     return _differentiable(forward, backward, inputs)
 
 
+@_no_autograph
 def reducescatter(tensor: Any, device_dense: str = "", compression: type[Compressor] = Compression.none,
                   op: int = Average, name: str | None = None, process_set: ProcessSet = global_process_set,
                   ignore_name_scope: bool = False, prescale_factor: float = 1.0,
@@ -414,6 +428,7 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: type[Compres
     return compression.decompress(out, ctx)
 
 
+@_no_autograph
 def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
                           compression: type[Compressor] = Compression.none, op: int = Average,
                           process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
@@ -425,6 +440,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(out, pairs)]
 
 
+@_no_autograph
 def join() -> tf.Tensor:
     """Declare that this rank has no more data: until every rank joined, it contributes zeros to
     the others' allreduces. Returns the global rank that joined last (an int32 scalar)."""
@@ -453,22 +469,27 @@ def _process_set_by_id(process_set_id: int) -> ProcessSet:
     return sets[process_set_id]
 
 
+@_no_autograph
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
     return _scalar_op(lambda: len(_process_set_by_id(process_set_id).ranks), name)
 
 
+@_no_autograph
 def local_size_op(name: str | None = None) -> tf.Tensor:
     return _scalar_op(basics.local_size, name)
 
 
+@_no_autograph
 def rank_op(name: str | None = None) -> tf.Tensor:
     return _scalar_op(basics.rank, name)
 
 
+@_no_autograph
 def local_rank_op(name: str | None = None) -> tf.Tensor:
     return _scalar_op(basics.local_rank, name)
 
 
+@_no_autograph
 def process_set_included_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
     """1 if this rank belongs to the set, 0 if not; -1 before init, -3 for an unknown set
     (Horovod's error codes)."""
