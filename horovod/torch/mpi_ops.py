@@ -45,17 +45,18 @@ _SUPPORTED = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, to
 # -- tensors <-> host arrays ------------------------------------------------------------------------
 def _host(tensor: torch.Tensor, op: str, name: str | None) -> np.ndarray:
     """The numpy array the core reads: the tensor's own memory on CPU, a host copy otherwise."""
+    what = f"{op} {name}" if name else op
     if not isinstance(tensor, torch.Tensor):
-        raise ValueError(f"{op} {name or ''}: expected a torch.Tensor, got {type(tensor).__name__}")
+        raise ValueError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in _SUPPORTED or (tensor.dtype is torch.bfloat16 and BFLOAT16 is None):
         hint = " (bfloat16 needs the ml_dtypes package)" if tensor.dtype is torch.bfloat16 else ""
-        raise ValueError(f"{op} {name or ''}: tensor type {tensor.dtype} is not supported{hint}; supported "
-                         f"types: {', '.join(str(d).replace('torch.', '') for d in _SUPPORTED)}")
+        raise ValueError(f"{what}: tensor type {tensor.dtype} is not supported{hint}; supported types: "
+                         f"{', '.join(str(d).replace('torch.', '') for d in _SUPPORTED)}")
     if tensor.layout is not torch.strided:
-        raise ValueError(f"{op} {name or ''}: {tensor.layout} tensors are not supported here; "
-                         "use sparse_allreduce_async for sparse tensors")
+        raise ValueError(f"{what}: {tensor.layout} tensors are not supported here; use sparse_allreduce_async "
+                         "for sparse tensors")
     if not tensor.is_contiguous():
-        raise ValueError(f"{op} {name or ''}: the tensor is not contiguous; pass tensor.contiguous()")
+        raise ValueError(f"{what}: the tensor is not contiguous; pass tensor.contiguous()")
     tensor = tensor.detach()
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()
@@ -321,7 +322,7 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
         all_values = values.wait()
         if op == Average:
             all_values = all_values / len(_members(process_set))
-        return torch.sparse_coo_tensor(indices.wait().t(), all_values, sparse.shape)
+        return torch.sparse_coo_tensor(indices.wait().t(), all_values, sparse.shape, check_invariants=False)
 
     return wait
 

@@ -76,7 +76,6 @@ class _DistributedOptimizer:
         self._launched: set[int] = set()  # ids of buckets whose allreduce started this step
         self._synchronized = False
         self._should_synchronize = True
-        self._hook_handles: list[Any] = []
         self._active = bool(process_set.included()) and (basics.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
         if self._active:
             self._register_hooks(params)
@@ -108,8 +107,8 @@ class _DistributedOptimizer:
             if opt is not None:
                 opt._on_gradient(param)
 
-        for p in params:
-            self._hook_handles.append(p.register_post_accumulate_grad_hook(hook))
+        handles = [p.register_post_accumulate_grad_hook(hook) for p in params]
+        weakref.finalize(self, _remove_hooks, handles)
 
     def _on_gradient(self, param: torch.Tensor) -> None:
         left = self._passes_left[param] - 1
@@ -233,6 +232,11 @@ class _DistributedOptimizer:
             self._passes_left[p] = self._backward_passes_per_step
         if self._active:
             self._register_hooks(new)
+
+
+def _remove_hooks(handles: list[Any]) -> None:
+    for handle in handles:
+        handle.remove()
 
 
 def _parameter_names(optimizer: torch.optim.Optimizer, named_parameters: Any) -> dict[torch.Tensor, str]:

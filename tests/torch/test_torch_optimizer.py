@@ -1,0 +1,236 @@
+"""The data-parallel identity: N ranks with DistributedOptimizer on disjoint shards end with the
+parameters one process gets on the whole batch. Plus the optimizer's behaviour on real ranks and
+the broadcast helpers that start training from one point."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from multirank import hvdrun  # noqa: E402
+
+IDENTITY = r'''
+import torch
+import horovod.torch as hvd
+
+torch.set_num_threads(1)
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+torch.manual_seed(0)
+X, Y = torch.randn(12, 5, dtype=torch.float64), torch.randn(12, 3, dtype=torch.float64)
+SHARD = torch.arange(12)[r::n]
+
+def make(norm=None):
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(5, 6)] + ([norm(6)] if norm else []) + [torch.nn.Tanh(), torch.nn.Linear(6, 3)]
+    return torch.nn.Sequential(*layers).double()
+
+def sse(model, rows):  # summed squared error: divide by the batch the loss is a mean over
+    return ((model(X[rows]) - Y[rows]) ** 2).sum()
+
+def compare(label, opt_factory, cycles=(1, 1, 1, 1), norm=None, ref_norm=None, loss_scale=1.0, group_lists=False,
+            **kwargs):
+    ref, dist = make(ref_norm or norm), make(norm)
+    if group_lists:  # the first two parameters reduced together, the others alone
+        kwargs["groups"] = [list(dist.parameters())[:2]]
+    ref_opt = opt_factory(ref.parameters())
+    opt = hvd.DistributedOptimizer(opt_factory(dist.parameters()), named_parameters=dist.named_parameters(),
+                                   **kwargs)
+    for passes in cycles:  # a cycle of `passes` backward passes, then one step
+        ref_opt.zero_grad()
+        (loss_scale * sse(ref, torch.arange(12)) / 12).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        for micro in SHARD.chunk(passes):
+            (sse(dist, micro) / len(SHARD)).backward()
+        opt.step()
+    diffs = [(a - b).abs().max().item() for a, b in zip(ref.state_dict().values(), dist.state_dict().values())
+             if a.is_floating_point()]
+    report(**{label: max(diffs)})
+
+sgd = lambda p: torch.optim.SGD(p, lr=0.1)
+momentum = lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01)
+adam = lambda p: torch.optim.Adam(p, lr=0.01)
+compare("sgd", sgd)
+compare("momentum", momentum)
+compare("adam", adam)
+compare("sgd_passes", sgd, cycles=(2, 2, 2), backward_passes_per_step=2)
+compare("adam_passes", adam, cycles=(3, 3, 3), backward_passes_per_step=3)
+compare("adam_partial_cycle", adam, cycles=(3, 2, 3, 1, 3), backward_passes_per_step=3)
+compare("momentum_groups", momentum, groups=2)
+compare("adam_group_lists", adam, group_lists=True)
+compare("sgd_predivide", sgd, gradient_predivide_factor=2.0)
+compare("sgd_sum", sgd, op=hvd.Sum, loss_scale=float(n))
+compare("fp16", adam, compression=hvd.Compression.fp16)
+compare("bf16", sgd, compression=hvd.Compression.bf16)
+compare("sync_batch_norm", momentum, norm=hvd.SyncBatchNorm, ref_norm=torch.nn.BatchNorm1d)
+'''
+
+
+@pytest.mark.parametrize("np", [2, 3, 4])
+def test_n_ranks_equal_one_process_on_the_whole_batch(np):
+    result = hvdrun(IDENTITY, np=np, timeout=180).check()
+    for rank in range(np):
+        got = result.ranks[rank]
+        exact = {k: v for k, v in got.items() if k not in ("fp16", "bf16")}
+        assert len(exact) == 11
+        assert all(v < 1e-12 for v in exact.values()), (rank, got)
+        assert got["fp16"] < 2e-3 and got["bf16"] < 2e-2, (rank, got)
+
+
+BEHAVIOUR = r'''
+import torch
+import horovod.torch as hvd
+
+torch.set_num_threads(1)
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+def agree(model):
+    every = hvd.allgather(flat(model).unsqueeze(0))
+    return bool(all(torch.equal(every[0], row) for row in every))
+
+# A branch only rank 0 uses: rank 1 reduces zeros for it, nobody hangs, and weights stay equal.
+torch.manual_seed(0)
+trunk, branch = torch.nn.Linear(3, 3), torch.nn.Linear(3, 1)
+model = torch.nn.ModuleDict({"trunk": trunk, "branch": branch})
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+for step in range(3):
+    opt.zero_grad()
+    out = trunk(torch.randn(4, 3))
+    (branch(out).sum() if r == 0 else out.sum()).backward()
+    opt.step()
+report(unused_agree=agree(model))
+
+# Gradient clipping between synchronize() and step(), Horovod's documented pattern.
+opt.zero_grad()
+trunk(torch.randn(4, 3) * (r + 1)).sum().backward()
+opt.synchronize()
+torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+with opt.skip_synchronize():
+    opt.step()
+report(clip_agree=agree(model))
+
+# Sparse embedding gradients, gathered or reduced as dense.
+for dense in (False, True):
+    torch.manual_seed(1)
+    emb = torch.nn.Embedding(6, 2, sparse=True)
+    eopt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.5), sparse_as_dense=dense)
+    emb(torch.tensor([r, 4])).sum().backward()
+    eopt.step()
+    report(**{f"sparse_{dense}": emb.weight.detach()[[0, 1, 4]].sum(1).tolist()})
+
+# More backward passes than backward_passes_per_step: a clear AssertionError on every rank.
+opt2 = hvd.DistributedOptimizer(torch.optim.SGD(trunk.parameters(), lr=0.1), backward_passes_per_step=1)
+trunk(torch.randn(1, 3)).sum().backward()
+try:
+    trunk(torch.randn(1, 3)).sum().backward()
+except AssertionError as exc:
+    report(too_many=str(exc))
+opt2.synchronize()
+
+# A subset of ranks: a process set with rank 0 only trains alone.
+hvd.shutdown()
+solo = hvd.ProcessSet([0])
+hvd.init(process_sets=[solo])
+lin = torch.nn.Linear(2, 1)
+sopt = hvd.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1), process_set=solo)
+lin(torch.ones(1, 2)).sum().backward()
+sopt.step()
+report(solo_ok=True)
+'''
+
+
+def test_optimizer_behaviour_on_two_ranks():
+    result = hvdrun(BEHAVIOUR, np=2, timeout=120).check()
+    for rank in (0, 1):
+        got = result.ranks[rank]
+        assert got["unused_agree"] and got["clip_agree"]
+        assert "more than backward_passes_per_step=1" in got["too_many"]
+        assert got["solo_ok"]
+        # rows 0 and 1 are each used by one rank (grad 1, averaged 0.5); row 4 by both (grad 1)
+        for key in ("sparse_False", "sparse_True"):
+            assert got[key] == result.ranks[0][key]
+        assert result.ranks[0]["sparse_False"] == pytest.approx(result.ranks[0]["sparse_True"])
+
+
+BROADCASTS = r'''
+import copy
+import torch
+import horovod.torch as hvd
+
+torch.set_num_threads(1)
+hvd.init()
+r = hvd.rank()
+
+def make_model(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+
+def train(model, opt, steps, seed):
+    torch.manual_seed(seed)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(5, 3)).pow(2).mean().backward()
+        opt.step()
+
+model = make_model(seed=r)  # every rank starts somewhere else
+hvd.broadcast_parameters(model.state_dict(), root_rank=1)
+root_values = hvd.broadcast_object({k: v.clone() for k, v in model.state_dict().items()}, root_rank=1)
+report(params_equal=all(torch.equal(v, root_values[k]) for k, v in model.state_dict().items()))
+
+for kind in ("adam", "sgd", "lbfgs", "empty"):
+    model = make_model(seed=0)
+    if kind == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=0.01 if r == 0 else 0.5, betas=(0.8, 0.9))
+    elif kind == "lbfgs":
+        opt = torch.optim.LBFGS(model.parameters(), lr=0.1 * (r + 1), history_size=3)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=0.1 * (r + 1), momentum=0.9)
+    if kind == "lbfgs":
+        for _ in range(r + 1):
+            opt.zero_grad()
+            def closure():
+                opt.zero_grad()
+                loss = model(torch.ones(5, 3)).pow(2).mean()
+                loss.backward()
+                return loss
+            opt.step(closure)
+    elif kind != "empty":
+        train(model, opt, steps=2 + r, seed=r)
+    before = copy.deepcopy(opt.state_dict())
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    after = opt.state_dict()
+    mine = hvd.allgather_object(after)
+    def same(a, b):
+        if isinstance(a, torch.Tensor):
+            return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+        if isinstance(a, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, (list, tuple)):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return a == b
+    report(**{f"{kind}_ranks_agree": same(mine[0], mine[1]),
+              f"{kind}_root_untouched": same(before, after) if r == 0 else None,
+              f"{kind}_state_size": len(after["state"])})
+    if kind == "adam":  # training continues identically once both start from the root's point
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        train(model, opt, steps=2, seed=7)
+        gathered = hvd.allgather_object([p.detach() for p in model.parameters()])
+        report(adam_continue_equal=all(torch.equal(a, b) for a, b in zip(*gathered)))
+'''
+
+
+def test_broadcast_parameters_and_optimizer_state():
+    result = hvdrun(BROADCASTS, np=2, timeout=120).check()
+    for rank in (0, 1):
+        got = result.ranks[rank]
+        assert got["params_equal"]
+        for kind in ("adam", "sgd", "lbfgs", "empty"):
+            assert got[f"{kind}_ranks_agree"], (rank, kind)
+        assert got["adam_continue_equal"]
+        assert got["adam_state_size"] == 6 and got["empty_state_size"] == 0
+    for kind in ("adam", "sgd", "lbfgs", "empty"):
+        assert result.ranks[0][f"{kind}_root_untouched"], kind

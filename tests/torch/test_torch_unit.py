@@ -1,0 +1,318 @@
+"""horovod.torch in one process (size 1): adapters, argument checks, the optimizer wrapper.
+
+HOROVOD_ELASTIC=1 makes DistributedOptimizer install its hooks even at size 1, so its
+bookkeeping (accumulation, partial cycles, unused parameters) is exercised here without ranks.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import horovod.torch as hvd  # noqa: E402
+from horovod.torch import mpi_ops  # noqa: E402
+from horovod.torch.optimizer import _make_buckets  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_rank():
+    hvd.init()
+    yield
+    hvd.shutdown()
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+
+
+# -- adapters ----------------------------------------------------------------------------------------------
+ALL_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+              torch.float32, torch.float64, torch.bool]
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_cpu_tensors_are_shared_not_copied(dtype):
+    t = torch.zeros(2, 3, dtype=dtype)
+    array = mpi_ops._host(t, "allreduce", "x")
+    assert array.__array_interface__["data"][0] == t.data_ptr()
+    back = mpi_ops._tensor(array, t.device)
+    assert back.dtype == dtype and back.data_ptr() == t.data_ptr()
+
+
+def test_bfloat16_values_survive_the_numpy_view():
+    t = torch.tensor([1.5, -2.25, 3e38], dtype=torch.bfloat16)
+    assert torch.equal(mpi_ops._tensor(mpi_ops._host(t, "allreduce", None).copy(), t.device), t)
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.uint16, torch.float8_e4m3fn])
+def test_unsupported_dtype_is_a_value_error(dtype):
+    with pytest.raises(ValueError, match="not supported"):
+        hvd.allreduce(torch.zeros(2).to(dtype))
+
+
+def test_argument_errors_are_value_errors():
+    with pytest.raises(ValueError, match="not contiguous"):
+        hvd.allreduce(torch.zeros(3, 4).t())
+    with pytest.raises(ValueError, match="not contiguous"):
+        hvd.broadcast_(torch.zeros(3, 4)[:, ::2], 0)
+    with pytest.raises(ValueError, match="sparse"):
+        hvd.allreduce(torch.zeros(3).to_sparse())
+    with pytest.raises(ValueError, match="torch.Tensor"):
+        hvd.allreduce(np.zeros(3))
+    with pytest.raises(ValueError, match="not a member"):
+        hvd.broadcast(torch.zeros(2), root_rank=3)
+
+
+def test_size_one_collectives_and_handles():
+    x = torch.arange(6.0).reshape(2, 3)
+    assert torch.equal(hvd.allreduce(x), x)
+    assert hvd.allreduce_(x) is x
+    assert torch.equal(hvd.allgather(x), x)
+    assert torch.equal(hvd.broadcast(x, 0), x)
+    out, splits = hvd.alltoall(x, splits=[2])
+    assert torch.equal(out, x) and splits.tolist() == [2] and splits.dtype == torch.int32
+    assert torch.equal(hvd.reducescatter(x, op=hvd.Sum), x)
+    handle = hvd.grouped_allreduce_async([x, x + 1])
+    assert isinstance(handle, int)
+    result = hvd.synchronize(handle)
+    assert torch.equal(result[1], x + 1)
+    assert hvd.synchronize(handle) is None  # already consumed
+    with pytest.raises(ValueError, match="handle"):
+        hvd.poll(handle)
+    handle = hvd.allreduce_async(x)
+    hvd.init()  # already running: a no-op for the job, but handles of the past are forgotten
+    assert hvd.synchronize(handle) is None
+    assert hvd.join() == 0
+    hvd.barrier()
+
+
+def test_in_place_ops_bump_the_autograd_version():
+    x = torch.ones(3)
+    before = x._version
+    hvd.allreduce_(x)
+    hvd.broadcast_(x, 0)
+    assert x._version == before + 2
+
+
+def test_deprecated_average_argument():
+    with pytest.warns(DeprecationWarning, match="average"):
+        assert torch.equal(hvd.allreduce(torch.ones(2), average=False), torch.ones(2))
+    with pytest.raises(ValueError, match="either op= or"):
+        hvd.allreduce(torch.ones(2), average=True, op=hvd.Sum)
+
+
+def test_adasum_names_the_missing_issue():
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.allreduce(torch.ones(2), op=hvd.Adasum)
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.DistributedOptimizer(torch.optim.SGD(make_model().parameters(), lr=0.1), op=hvd.Adasum)
+
+
+def test_compression_round_trips():
+    x = torch.tensor([1.0, 2.5, -3.0])
+    for compressor, wire in [(hvd.Compression.fp16, torch.float16), (hvd.Compression.bf16, torch.bfloat16)]:
+        sent, ctx = compressor.compress(x)
+        assert sent.dtype == wire
+        assert compressor.decompress(sent, ctx).dtype == torch.float32
+        ints, ctx = compressor.compress(torch.arange(3))
+        assert ints.dtype == torch.int64 and compressor.decompress(ints, ctx).dtype == torch.int64
+    sent, ctx = hvd.Compression.none.compress(x)
+    assert sent is x and hvd.Compression.none.decompress(sent, ctx) is x
+    assert hvd.allreduce(x, compression=hvd.Compression.fp16).dtype == torch.float32
+
+
+# -- DistributedOptimizer: construction ---------------------------------------------------------------------
+def test_optimizer_argument_errors():
+    model = make_model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    named = list(model.named_parameters())
+    with pytest.raises(ValueError, match="duplicate names: 0.weight"):
+        hvd.DistributedOptimizer(sgd, named_parameters=[named[0], ("0.weight", named[1][1])] + named[2:])
+    with pytest.raises(ValueError, match="does not name 2"):
+        hvd.DistributedOptimizer(sgd, named_parameters=named[:2])
+    with pytest.raises(ValueError, match="tuples"):
+        hvd.DistributedOptimizer(sgd, named_parameters=[p for _, p in named])
+    with pytest.raises(ValueError, match="backward_passes_per_step"):
+        hvd.DistributedOptimizer(sgd, backward_passes_per_step=0)
+    with pytest.raises(ValueError, match="predivide"):
+        hvd.DistributedOptimizer(sgd, op=hvd.Sum, gradient_predivide_factor=2.0)
+    with pytest.raises(ValueError, match="groups"):
+        hvd.DistributedOptimizer(sgd, groups="two")
+    with pytest.warns(DeprecationWarning, match="num_groups"):
+        hvd.DistributedOptimizer(sgd, num_groups=2)
+
+
+def test_wrapper_is_the_users_optimizer():
+    model = make_model()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
+    assert isinstance(opt, torch.optim.SGD) and isinstance(opt, torch.optim.Optimizer)
+    assert opt.__class__ is torch.optim.SGD and type(opt).__name__ == "_DistributedOptimizer"
+    assert opt.param_groups is sgd.param_groups and opt.state is sgd.state and opt.defaults is sgd.defaults
+    assert "SGD" in repr(opt)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    model(torch.randn(5, 4)).sum().backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the scheduler must see optimizer.step() before its own step
+        opt.step()
+        scheduler.step()
+    assert sgd.param_groups[0]["lr"] == pytest.approx(0.05)
+    assert len(sgd.state) == 4  # momentum buffers live in the user's optimizer
+    opt.load_state_dict(sgd.state_dict())
+
+
+def test_buckets():
+    params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(5)]
+    names = {p: f"p{i}" for i, p in enumerate(params)}
+    assert [len(b.params) for b in _make_buckets(params, None, names)] == [1] * 5
+    assert [len(b.params) for b in _make_buckets(params, 2, names)] == [3, 2]
+    assert [len(b.params) for b in _make_buckets(params, 9, names)] == [1] * 5
+    explicit = _make_buckets(params, [[params[3], params[1]]], names)
+    assert [b.name for b in explicit] == ["p3", "p0", "p2", "p4"]
+    with pytest.raises(ValueError, match="more than one group"):
+        _make_buckets(params, [[params[0]], [params[0], params[1]]], names)
+
+
+# -- DistributedOptimizer: one rank behaves like the plain optimizer ----------------------------------------
+def train(opt_factory, steps, passes=1, distributed=None, model_seed=0):
+    torch.manual_seed(1)
+    data = [torch.randn(6, 4) for _ in range(steps * passes)]
+    model = make_model(model_seed)
+    opt = opt_factory(model.parameters())
+    if distributed is not None:
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), **distributed)
+    batches = iter(data)
+    for _ in range(steps):
+        opt.zero_grad()
+        for _ in range(passes):
+            (model(next(batches)) ** 2).mean().backward()
+        opt.step()
+    return model, opt
+
+
+@pytest.fixture
+def hooks_at_size_one(monkeypatch):
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"backward_passes_per_step": 2}, {"groups": 2},
+                                    {"compression": hvd.Compression.bf16}])
+def test_size_one_matches_the_plain_optimizer(hooks_at_size_one, kwargs):
+    adam = lambda p: torch.optim.Adam(p, lr=0.01)  # noqa: E731
+    passes = kwargs.get("backward_passes_per_step", 1)
+    plain, _ = train(adam, 3, passes)
+    dist, opt = train(adam, 3, passes, distributed=kwargs)
+    tol = 1e-2 if "compression" in kwargs else 0
+    for a, b in zip(plain.parameters(), dist.parameters()):
+        torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+
+
+def test_partial_accumulation_cycle_is_reduced_and_resets(hooks_at_size_one):
+    """Three passes per step, but the epoch ends after two: no error, and the next cycle is full."""
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), backward_passes_per_step=3)
+    for passes in (3, 2, 3, 1, 3):
+        opt.zero_grad()
+        for _ in range(passes):
+            model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.set_backward_passes_per_step(1)  # resets the counters
+    model(torch.randn(2, 4)).sum().backward()
+    with pytest.raises(AssertionError, match="more than backward_passes_per_step=1"):
+        model(torch.randn(2, 4)).sum().backward()
+
+
+def test_unused_parameters_get_zero_gradients(hooks_at_size_one):
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    model[0](torch.randn(2, 4)).sum().backward()  # the second layer takes no part
+    opt.step()
+    assert torch.equal(model[2].weight.grad, torch.zeros_like(model[2].weight))
+
+
+def test_zero_grad_while_reducing_is_refused(hooks_at_size_one):
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    model(torch.randn(2, 4)).sum().backward()
+    with pytest.raises(AssertionError, match="zero_grad"):
+        opt.zero_grad()
+    opt.synchronize()
+    opt.zero_grad()
+
+
+def test_skip_synchronize_and_explicit_synchronize(hooks_at_size_one):
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    model(torch.randn(2, 4)).sum().backward()
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+    clipped = [p.grad.clone() for p in model.parameters()]
+    with opt.skip_synchronize():
+        opt.step()
+    assert all(torch.equal(c, p.grad) for c, p in zip(clipped, model.parameters()))
+    opt.step()  # after synchronize(): uses the gradients already averaged, no second reduction
+
+
+def test_sparse_gradients(hooks_at_size_one):
+    for as_dense in (False, True):
+        emb = torch.nn.Embedding(10, 3, sparse=True)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1), sparse_as_dense=as_dense)
+        emb(torch.tensor([1, 2, 2])).sum().backward()
+        opt.synchronize()
+        assert emb.weight.grad.is_sparse != as_dense
+        assert emb.weight.grad.to_dense()[2].tolist() == [2.0, 2.0, 2.0]
+        opt.step()
+
+
+def test_add_param_group_is_reduced_too(hooks_at_size_one):
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model[0].parameters(), lr=0.1))
+    opt.add_param_group({"params": list(model[2].parameters())})
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    assert len(opt.param_groups) == 2
+
+
+def test_dropped_wrapper_leaves_no_active_hooks(hooks_at_size_one):
+    import gc
+
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    del opt
+    gc.collect()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))  # same names again
+    assert len(model[0].weight._post_accumulate_grad_hooks) == 1  # the dropped wrapper's hook is gone
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+
+
+# -- helpers and SyncBatchNorm at size 1 -------------------------------------------------------------------
+def test_broadcast_helpers_at_size_one():
+    model, opt = train(lambda p: torch.optim.Adam(p, lr=0.01), 2)
+    before = {k: v.clone() for k, v in opt.state_dict()["state"][0].items()}
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    after = opt.state_dict()["state"][0]
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_parameters(model.named_parameters(), root_rank=0)
+    hvd.broadcast_parameters(list(model.parameters()), root_rank=0)
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="state_dict"):
+        hvd.broadcast_parameters(torch.zeros(2), root_rank=0)
+    assert hvd.broadcast_object({"a": 1}) == {"a": 1}
+    assert hvd.allgather_object("x") == ["x"]
+
+
+def test_sync_batch_norm_at_size_one_is_batch_norm():
+    torch.manual_seed(0)
+    x = torch.randn(8, 3, 5)
+    sync, plain = hvd.SyncBatchNorm(3), torch.nn.BatchNorm1d(3)
+    torch.testing.assert_close(sync(x), plain(x))
+    torch.testing.assert_close(sync.running_var, plain.running_var)
+    with pytest.raises(ValueError, match="at least 2"):
+        sync(torch.randn(4))
