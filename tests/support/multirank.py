@@ -16,7 +16,7 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 _PRELUDE = '''\
 import json as _json
 def report(**values):
