@@ -248,3 +248,8 @@ def test_timeline_is_valid_chrome_tracing_json_with_negotiation_and_ops(tmp_path
     second = json.loads((tmp_path / "timeline.json.2").read_text())
     assert any(e.get("name") == "CYCLE_START" for e in second)
     assert any(e.get("args", {}).get("name") == "allreduce.second_file" for e in second)
+
+
+def test_stall_check_can_be_disabled():
+    result = hvdrun(STALL, np=2, env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "1", "HOROVOD_STALL_CHECK_DISABLE": "1"}).check()
+    assert result.ranks[0]["done"] and "Missing ranks" not in result.stderr + result.stdout
