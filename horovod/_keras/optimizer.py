@@ -19,7 +19,7 @@ import keras
 from keras import ops
 
 from horovod._keras.compression import Compression, compression_name
-from horovod._keras.transport import allreduce_gradients, check_backend, is_traced_jax
+from horovod._keras.transport import allreduce_gradients, check_backend, is_traced_jax, static_bool
 from horovod.common.compression import Compressor
 from horovod.common.gradients import GradientReducer
 from horovod.common.process_sets import ProcessSet, global_process_set
@@ -127,8 +127,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             return
         if is_traced_jax(grads):
             raise NotImplementedError(
-                "backward_passes_per_step > 1 is not supported inside jax.jit; compile the model with "
-                "jit_compile=False, or use the wrapped optimizer's gradient_accumulation_steps instead")
+                "backward_passes_per_step > 1 is not supported inside jax.jit (the JAX backend's default); "
+                "compile the model with jit_compile=False, or use the wrapped optimizer's "
+                "gradient_accumulation_steps instead")
         *accumulators, passes = self._hvd_variables
         mine = [accumulators[self._get_variable_index(v)] for v in variables]
         for acc, grad in zip(mine, grads):
@@ -138,13 +139,18 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
         def reduce_and_apply() -> None:
             scale = 1.0 / self._passes_per_step if self._average_aggregated else 1.0
-            summed = [None if g is None else ops.convert_to_tensor(acc) * scale for acc, g in zip(mine, grads)]
+            summed = [None if g is None else acc.value * scale for acc, g in zip(mine, grads)]
             reduced = allreduce_gradients(self._reducer, summed, variables, self._sparse_as_dense)
             self._optimizer.apply(reduced, trainable_variables)
             for acc in mine:
-                acc.assign(ops.zeros_like(acc))
+                acc.assign(ops.zeros(acc.shape, acc.dtype))
 
-        ops.cond(ops.equal(passes % self._passes_per_step, 0), reduce_and_apply, lambda: None)
+        boundary = ops.equal(passes % self._passes_per_step, 0)
+        known = static_bool(boundary)
+        if known is None:  # a traced TensorFlow graph: every rank takes the same branch at run time
+            ops.cond(boundary, reduce_and_apply, lambda: None)
+        elif known:
+            reduce_and_apply()
 
     # -- saving ------------------------------------------------------------------------------------------
     def get_config(self) -> dict[str, Any]:

@@ -36,6 +36,18 @@ def is_traced_jax(values: Sequence[Any]) -> bool:
     return any(isinstance(v, jax.core.Tracer) for v in values if v is not None)
 
 
+def static_bool(value: Any) -> bool | None:
+    """`value` as a Python bool when it is known now (eager code), None inside a traced graph."""
+    if is_traced_jax([value]):
+        return None
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        if not tf.executing_eagerly():
+            return None
+    return bool(keras.ops.convert_to_numpy(value))
+
+
 def allreduce_gradients(reducer: GradientReducer, grads: Sequence[Any], variables: Sequence[Any],
                         sparse_as_dense: bool = False) -> list[Any]:
     """`grads` reduced across ranks as `reducer` says, on whatever backend Keras runs."""
