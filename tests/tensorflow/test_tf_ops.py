@@ -248,6 +248,42 @@ def _():
     tape = hvd.DistributedGradientTape(raw)
     return [isinstance(tape, tf.GradientTape), tape.gradient(y, v), tape.gradient(y, v)]
 
+@check("partial_tape")
+def _():
+    dense = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+    shared = tf.Variable([1.0])
+    def fn():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(dense(tf.ones([1, 2]) * (r + 1))) + tf.reduce_sum(shared * (r + 1))
+        tape = hvd.PartialDistributedGradientTape(tape, local_layers=[dense])
+        local, global_ = tape.get_local_and_global_gradients(loss, [dense.kernel, shared])
+        return [local, global_]
+    return modes(fn)
+
+@check("tf1_graph_session")
+def _():
+    with tf.Graph().as_default():
+        v = tf.compat.v1.Variable([float(r), 1.0])
+        w = tf.compat.v1.Variable([1.0, 1.0])
+        bcast = hvd.broadcast_global_variables(1)
+        reduced = hvd.allreduce(v, op=hvd.Sum)
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.5))
+        train = opt.minimize(tf.reduce_sum(w * (r + 1)))
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            session.run(bcast)
+            after = session.run(v)
+            session.run(train)
+            return [after, session.run(reduced), session.run(w)]
+
+@check("broadcast_global_variables_eager")
+def _():
+    try:
+        hvd.broadcast_global_variables(0)
+        return "no error"
+    except RuntimeError as exc:
+        return "RuntimeError"
+
 @check("legacy_optimizer")
 def _():
     w = tf.Variable([1.0, 1.0])
@@ -478,6 +514,21 @@ def test_register_local_source(run):
 def test_tape_keeps_tape_behaviour(run):
     for got in both_ranks(run, "tape_is_a_tape"):
         assert got == [True, 6.0, 6.0]
+
+
+def test_partial_tape_local_and_global_gradients(run):
+    for rank, got in enumerate(both_ranks(run, "partial_tape")):
+        scale = (rank + 1) / 2  # a local layer's gradient stays on its rank, divided by the set size
+        assert per_mode(got) == ([[[[scale], [scale]]], [[1.5]]],) * 2
+
+
+def test_tf1_graph_mode_with_sessions(run):
+    for got in both_ranks(run, "tf1_graph_session"):
+        assert got == [[1.0, 1.0], [2.0, 2.0], [0.25, 0.25]]
+
+
+def test_broadcast_global_variables_needs_tf1_graphs(run):
+    assert both_ranks(run, "broadcast_global_variables_eager") == ["RuntimeError"] * 2
 
 
 def test_legacy_tf1_optimizer(run):
