@@ -249,7 +249,9 @@ def broadcast_object(obj: object, root_rank: int = 0, name: str | None = None,
     """Send any picklable object from `root_rank` to every member; returns it everywhere."""
     import cloudpickle
 
-    name = name or type(obj).__name__
+    # Not the object's type name: the others often pass None (`obj if rank == root else None`),
+    # and differing names would never match.
+    name = name or "object"
     if basics.rank() == root_rank:
         payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
         length = np.array([payload.size], np.int64)
@@ -268,7 +270,7 @@ def allgather_object(obj: object, name: str | None = None,
     """Every member's object, as a list in member order."""
     import cloudpickle
 
-    name = name or type(obj).__name__
+    name = name or "object"  # the same on every rank, whatever each one passes
     payload = np.frombuffer(cloudpickle.dumps(obj), np.uint8)
     sizes = allgather_async(np.array([payload.size], np.int64), f"{name}.sz", process_set).wait()
     data = allgather_async(payload, f"{name}.t", process_set).wait()
