@@ -17,7 +17,6 @@ Async variants return integer handles, as Horovod's do, for `poll` and `synchron
 from __future__ import annotations
 
 import itertools
-import warnings
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -25,6 +24,7 @@ import torch
 
 from horovod.common import basics, ops
 from horovod.common.exceptions import HorovodInternalError
+from horovod.common.gradients import resolve_op
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import BFLOAT16, Adasum, Average, Max, Min, Product, Sum
 from horovod.torch.compression import Compression, Compressor
@@ -168,16 +168,6 @@ def synchronize(handle: int) -> Any:
 
 
 # -- argument conventions ---------------------------------------------------------------------------
-def _resolve_op(average: bool | None, op: int | None) -> int:
-    """Horovod's deprecated `average=` flag, mapped onto `op`."""
-    if average is None:
-        return Average if op is None else op
-    if op is not None:
-        raise ValueError("give either op= or the deprecated average=, not both")
-    warnings.warn("average= is deprecated; use op=hvd.Average or op=hvd.Sum", DeprecationWarning, stacklevel=3)
-    return Average if average else Sum
-
-
 def _members(process_set: ProcessSet) -> list[int]:
     process_set._require_registered()
     return process_set.ranks
@@ -228,7 +218,7 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set) -> int:
     """Start reducing `tensor` across the set into a new tensor; returns a handle."""
-    return _register(_start("allreduce", [tensor], name=name, op=_resolve_op(average, op),
+    return _register(_start("allreduce", [tensor], name=name, op=resolve_op(op, average),
                             prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                             process_set=process_set))
 
@@ -237,7 +227,7 @@ def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: st
                      prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> int:
     """Start reducing `tensor` in place; returns a handle."""
-    return _register(_start("allreduce", [tensor], inplace=True, name=name, op=_resolve_op(average, op),
+    return _register(_start("allreduce", [tensor], inplace=True, name=name, op=resolve_op(op, average),
                             prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                             process_set=process_set))
 
@@ -248,7 +238,7 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduced copy of `tensor` (Average by default). Differentiable: the gradient is the same
     allreduce of the output's gradient."""
-    return _allreduce([tensor], name, compression, _resolve_op(average, op), prescale_factor, postscale_factor,
+    return _allreduce([tensor], name, compression, resolve_op(op, average), prescale_factor, postscale_factor,
                       process_set, grouped=False)[0]
 
 
@@ -256,7 +246,7 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduce `tensor` in place and return it."""
-    return _start("allreduce", [tensor], inplace=True, name=name, op=_resolve_op(average, op),
+    return _start("allreduce", [tensor], inplace=True, name=name, op=resolve_op(op, average),
                   prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                   process_set=process_set).wait()
 
@@ -265,7 +255,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
                             op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> int:
     """Start reducing a list of tensors as one unit; `synchronize` returns the list of results."""
-    return _register(_start("allreduce", tensors, grouped=True, name=name, op=_resolve_op(average, op),
+    return _register(_start("allreduce", tensors, grouped=True, name=name, op=resolve_op(op, average),
                             prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                             process_set=process_set))
 
@@ -273,7 +263,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
                              op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: ProcessSet = global_process_set) -> int:
-    return _register(_start("allreduce", tensors, grouped=True, inplace=True, name=name, op=_resolve_op(average, op),
+    return _register(_start("allreduce", tensors, grouped=True, inplace=True, name=name, op=resolve_op(op, average),
                             prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                             process_set=process_set))
 
@@ -283,14 +273,14 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Reduced copies of a list of tensors (differentiable, like `allreduce`)."""
-    return _allreduce(tensors, name, compression, _resolve_op(average, op), prescale_factor, postscale_factor,
+    return _allreduce(tensors, name, compression, resolve_op(op, average), prescale_factor, postscale_factor,
                       process_set, grouped=True)
 
 
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
                        op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
-    return _start("allreduce", tensors, grouped=True, inplace=True, name=name, op=_resolve_op(average, op),
+    return _start("allreduce", tensors, grouped=True, inplace=True, name=name, op=resolve_op(op, average),
                   prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                   process_set=process_set).wait()
 

@@ -25,13 +25,13 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 import os
-import warnings
 import weakref
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from horovod.common import basics
+from horovod.common.gradients import GradientReducer
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Adasum, Average
 from horovod.torch.compression import Compression, Compressor
@@ -55,27 +55,22 @@ class _DistributedOptimizer:
     # Reports the wrapped optimizer's class so that isinstance(opt, torch.optim.SGD) holds.
     __class__ = property(lambda self: self._optimizer.__class__)  # type: ignore[assignment]
 
-    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters: Any, compression: type[Compressor],
-                 backward_passes_per_step: int, op: int, gradient_predivide_factor: float,
-                 groups: int | Sequence[Sequence[torch.Tensor]] | None, sparse_as_dense: bool,
-                 process_set: ProcessSet) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters: Any, reducer: GradientReducer,
+                 backward_passes_per_step: int, sparse_as_dense: bool) -> None:
         self._optimizer = optimizer
-        self._compression = compression
-        self._op = op
-        self._prescale = 1.0 / gradient_predivide_factor
-        self._postscale = gradient_predivide_factor
+        self._reducer = reducer  # op, scale factors, groups, process set, compression
         self._sparse_as_dense = sparse_as_dense
-        self._process_set = process_set
         self._backward_passes_per_step = backward_passes_per_step
         self._names = _parameter_names(optimizer, named_parameters)
         params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-        self._buckets = _make_buckets(params, groups, self._names)
+        self._buckets = _make_buckets(params, reducer, self._names)
         self._bucket_of = {p: b for b in self._buckets for p in b.params}
         self._passes_left = dict.fromkeys(params, backward_passes_per_step)
         self._inflight: list[tuple[_Pending | Callable[[], torch.Tensor], list[tuple]]] = []
         self._launched: set[int] = set()  # ids of buckets whose allreduce started this step
         self._synchronized = False
         self._should_synchronize = True
+        process_set = reducer.process_set
         self._active = bool(process_set.included()) and (basics.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
         if self._active:
             self._register_hooks(params)
@@ -98,8 +93,8 @@ class _DistributedOptimizer:
 
     # -- hooks ----------------------------------------------------------------------------------------------
     def _register_hooks(self, params: list[torch.Tensor]) -> None:
-        # The hook holds the optimizer weakly: once the user drops it, its hooks turn into no-ops
-        # instead of reducing gradients for a wrapper nobody steps.
+        # The hooks hold the optimizer weakly and are removed when it is garbage: a dropped
+        # wrapper must not keep reducing gradients that nobody steps with.
         ref = weakref.ref(self)
 
         def hook(param: torch.Tensor) -> None:
@@ -128,6 +123,7 @@ class _DistributedOptimizer:
     def _launch(self, bucket: _Bucket) -> None:
         """Start the allreduce of a bucket's gradients (in place, or through the compressor)."""
         self._launched.add(id(bucket))
+        reducer = self._reducer
         dense: list[tuple] = []
         for p in bucket.params:
             grad = p.grad
@@ -135,18 +131,17 @@ class _DistributedOptimizer:
                 grad = p.grad = torch.zeros_like(p)
             if grad.is_sparse:
                 if not self._sparse_as_dense:
-                    handle = sparse_allreduce_async(grad, self._names[p], self._op, self._process_set)
+                    handle = sparse_allreduce_async(grad, self._names[p], reducer.op, reducer.process_set)
                     self._inflight.append((handle, [(p, grad, None, None)]))
                     continue
                 grad = p.grad = grad.to_dense()
-            sent, ctx = self._compression.compress(grad)
+            sent, ctx = reducer.compression.compress(grad)
             dense.append((p, grad, sent, ctx))
         if not dense:
             return
-        grouped = len(dense) > 1
-        pending = _start("allreduce", [sent for _, _, sent, _ in dense], grouped=grouped, inplace=True,
-                         name=bucket.name, op=self._op, prescale_factor=self._prescale,
-                         postscale_factor=self._postscale, process_set=self._process_set)
+        pending = _start("allreduce", [sent for _, _, sent, _ in dense], grouped=len(dense) > 1, inplace=True,
+                         name=bucket.name, op=reducer.op, prescale_factor=reducer.prescale,
+                         postscale_factor=reducer.postscale, process_set=reducer.process_set)
         self._inflight.append((pending, dense))
 
     # -- the step -----------------------------------------------------------------------------------------
@@ -166,7 +161,7 @@ class _DistributedOptimizer:
                     pending.wait()
                     for p, grad, sent, ctx in items:
                         if sent is not grad:
-                            grad.copy_(self._compression.decompress(sent, ctx))
+                            grad.copy_(self._reducer.compression.decompress(sent, ctx))
                 else:  # a sparse gradient: the reduced tensor replaces it
                     items[0][0].grad = pending()
         finally:
@@ -264,30 +259,11 @@ def _parameter_names(optimizer: torch.optim.Optimizer, named_parameters: Any) ->
     return by_param
 
 
-def _make_buckets(params: list[torch.Tensor], groups: int | Sequence[Sequence[torch.Tensor]] | None,
+def _make_buckets(params: list[torch.Tensor], reducer: GradientReducer,
                   names: dict[torch.Tensor, str]) -> list[_Bucket]:
-    if not groups:
-        return [_Bucket([p], names[p]) for p in params]
-    if isinstance(groups, int):
-        n = min(groups, len(params)) or 1
-        size, extra = divmod(len(params), n)
-        chunks, start = [], 0
-        for i in range(n):
-            end = start + size + (i < extra)
-            chunks.append(params[start:end])
-            start = end
-    else:
-        chunks, seen = [], set()
-        wanted = set(params)
-        for group in groups:
-            chunk = [p for p in group if p in wanted]
-            if any(p in seen for p in chunk):
-                raise ValueError("groups: a parameter appears in more than one group")
-            seen.update(chunk)
-            if chunk:
-                chunks.append(chunk)
-        chunks += [[p] for p in params if p not in seen]  # the rest, one by one
-    return [_Bucket(chunk, names[chunk[0]]) for chunk in chunks if chunk]
+    """One bucket per parameter, or the groups asked for (named after their first member)."""
+    plan = reducer.plan(params, range(len(params)), len(params))
+    return [_Bucket([params[k] for k in group], names[params[group[0]]]) for group in plan.groups]
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,
@@ -312,15 +288,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
         raise NotImplementedError(
             "DistributedOptimizer(op=Adasum) is not implemented in khorovod yet: it needs the Adasum "
             "reduction (its own issue) and the delta-optimizer built on it. Use op=hvd.Average.")
-    if gradient_predivide_factor != 1.0 and op != Average:
-        raise ValueError("gradient_predivide_factor is only meaningful with op=Average")
-    if num_groups != 0:
-        warnings.warn("num_groups is deprecated; use groups=", DeprecationWarning, stacklevel=2)
-        if groups is None:
-            groups = num_groups
-    if groups is not None and not (isinstance(groups, (list, tuple)) or (isinstance(groups, int) and groups >= 0)):
-        raise ValueError(f"groups must be a non-negative int or a list of lists of parameters, got {groups!r}")
     if backward_passes_per_step <= 0:
         raise ValueError(f"backward_passes_per_step must be > 0, got {backward_passes_per_step}")
-    return _DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step, op,
-                                 gradient_predivide_factor, groups, sparse_as_dense, process_set)
+    reducer = GradientReducer("DistributedOptimizer", op, gradient_predivide_factor, num_groups, groups,
+                              process_set, compression)
+    return _DistributedOptimizer(optimizer, named_parameters, reducer, backward_passes_per_step, sparse_as_dense)

@@ -116,7 +116,9 @@ same("sparse sum", hvd.sparse_allreduce_async(sp, "sp2", hvd.Sum)().to_dense(), 
 
 # -- objects
 report(obj=hvd.broadcast_object({"from": r, "t": torch.ones(1) * r}, root_rank=1)["from"],
-       objs=hvd.allgather_object(("rank", r)))
+       objs=hvd.allgather_object(("rank", r)),
+       from_root_only=hvd.broadcast_object([1, 2] if r == 0 else None, root_rank=0),
+       mixed_types=hvd.allgather_object(r if r == 0 else "one"))
 
 # -- process sets
 solo = hvd.add_process_set([0])
@@ -179,6 +181,8 @@ def test_objects_and_process_sets(result):
         assert result.ranks[rank]["obj"] == 1
         assert result.ranks[rank]["objs"] == [["rank", 0], ["rank", 1]]
         assert result.ranks[rank]["removed"] is True
+        assert result.ranks[rank]["from_root_only"] == [1, 2]  # the others pass None: no name mismatch
+        assert result.ranks[rank]["mixed_types"] == [0, "one"]
     assert "not a member" in result.ranks[1]["non_member"]
 
 
@@ -194,7 +198,7 @@ def test_join_returns_the_same_rank_everywhere(result):
     ("rs_op", "ValueError", "Average or op=Sum"),
     ("noncontig", "ValueError", "contiguous"),
     ("dtype_unsupported", "ValueError", "complex64 is not supported"),
-    ("average_and_op", "ValueError", "average"),
+    ("average_and_op", "ValueError", "deprecated average="),
     ("duplicate", "ValueError", "twice"),
 ])
 def test_errors_on_every_rank(result, key, kind, words):

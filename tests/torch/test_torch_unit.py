@@ -100,7 +100,7 @@ def test_in_place_ops_bump_the_autograd_version():
 def test_deprecated_average_argument():
     with pytest.warns(DeprecationWarning, match="average"):
         assert torch.equal(hvd.allreduce(torch.ones(2), average=False), torch.ones(2))
-    with pytest.raises(ValueError, match="either op= or"):
+    with pytest.raises(ValueError, match="op= or the deprecated average="):
         hvd.allreduce(torch.ones(2), average=True, op=hvd.Sum)
 
 
@@ -165,15 +165,17 @@ def test_wrapper_is_the_users_optimizer():
 
 
 def test_buckets():
+    from horovod.common.gradients import GradientReducer
+
     params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(5)]
     names = {p: f"p{i}" for i, p in enumerate(params)}
-    assert [len(b.params) for b in _make_buckets(params, None, names)] == [1] * 5
-    assert [len(b.params) for b in _make_buckets(params, 2, names)] == [3, 2]
-    assert [len(b.params) for b in _make_buckets(params, 9, names)] == [1] * 5
-    explicit = _make_buckets(params, [[params[3], params[1]]], names)
+    sizes = lambda groups: [len(b.params) for b in _make_buckets(params, GradientReducer("t", groups=groups), names)]  # noqa: E731
+    assert sizes(None) == [1] * 5
+    assert sizes(2) == [3, 2]
+    assert sizes(9) == [1] * 5
+    explicit = _make_buckets(params, GradientReducer("t", groups=[[params[3], params[1]]]), names)
     assert [b.name for b in explicit] == ["p3", "p0", "p2", "p4"]
-    with pytest.raises(ValueError, match="more than one group"):
-        _make_buckets(params, [[params[0]], [params[0], params[1]]], names)
+    assert [len(b.params) for b in explicit] == [2, 1, 1, 1]
 
 
 # -- DistributedOptimizer: one rank behaves like the plain optimizer ----------------------------------------
@@ -208,6 +210,26 @@ def test_size_one_matches_the_plain_optimizer(hooks_at_size_one, kwargs):
     tol = 1e-2 if "compression" in kwargs else 0
     for a, b in zip(plain.parameters(), dist.parameters()):
         torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+
+
+def test_grad_scaler_with_synchronize_and_skip(hooks_at_size_one):
+    model = make_model()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                   named_parameters=model.named_parameters())
+    scaler = torch.amp.GradScaler("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(torch.randn(3, 4)).float().pow(2).mean()
+            scaler.scale(loss).backward()
+            opt.synchronize()
+            scaler.unscale_(opt)
+            with opt.skip_synchronize():
+                scaler.step(opt)
+            scaler.update()
+    assert scaler.get_scale() == 65536.0 and all(torch.isfinite(p).all() for p in model.parameters())
 
 
 def test_partial_accumulation_cycle_is_reduced_and_resets(hooks_at_size_one):
