@@ -9,12 +9,14 @@ reduces locally in member order, which costs one network latency instead of 2(n-
 
 from __future__ import annotations
 
+import os
 import queue
+import select
 import selectors
 import socket
 import threading
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -31,6 +33,78 @@ DIRECT_ALLREDUCE_BYTES = 256 * 1024
 # Receive-and-reduce granularity of the ring: big enough to amortise calls, small enough to overlap.
 RING_CHUNK_BYTES = 1024 * 1024
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+# poll() events of a connection whose other end closed or broke (POLLRDHUP: Linux only).
+HANGUP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
+CLOSED_BY_PEER = "closed its connection (its process exited or crashed)"
+
+
+class DeathWatch:
+    """Names the rank that failed first, when one failure brings others down with it.
+
+    A thread of its own notices, as they happen, peers whose connection closes (and calls
+    `listeners`, so waits elsewhere can stop at once). A rank that reported a failure says whom it
+    blamed before it closes its connections (`announce`: in the rendezvous store, and through
+    `local_cause` where a faster channel exists, shared memory); so when a connection closes, we
+    can tell a rank that crashed from one that stopped because of another.
+    """
+
+    def __init__(self, rank: int, sockets: dict[int, socket.socket], store: RendezvousClient, scope: str) -> None:
+        self.first: int | None = None  # the rank that failed first, once known
+        self.listeners: list = []  # called (on the watch thread) when a connection closes
+        self.local_cause: Callable[[int], int | None] | None = None  # whom a rank blamed, if known locally
+        self.reported: int | None = None  # the rank our own failure report named
+        self._rank = rank
+        self._store, self._scope = store, scope
+        self._ranks = {sock.fileno(): r for r, sock in sockets.items()}
+        self._stop_r, self._stop_w = os.pipe()
+        self._poll = select.poll()
+        self._poll.register(self._stop_r, select.POLLIN)
+        for sock in sockets.values():
+            self._poll.register(sock, HANGUP)
+        self._thread = threading.Thread(target=self._run, name="hvd-death-watch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            for fd, _ in self._poll.poll():
+                if fd == self._stop_r:
+                    return
+                self._poll.unregister(fd)
+                if self.first is None:
+                    self.first = self._cause(self._ranks[fd])
+                for listener in self.listeners:
+                    listener()
+
+    def _cause(self, rank: int) -> int:
+        """Whom `rank` blamed when it stopped, or `rank` itself if it left no word (it crashed)."""
+        known = self.local_cause(rank) if self.local_cause is not None else None
+        if known is not None:
+            return known
+        try:
+            return int(self._store.get(self._scope, f"blame.{rank}", 0.0))
+        except (TimeoutError, OSError, ValueError):
+            return rank
+
+    def blame(self, rank: int, reason: str) -> PeerFailure:
+        """The failure to report when talking to `rank` failed for `reason`."""
+        first = self.first if self.first is not None else self._cause(rank)
+        if self.reported is None:
+            self.reported = first
+        return PeerFailure(first, reason if first == rank else CLOSED_BY_PEER)
+
+    def announce(self) -> None:
+        """Before our connections close: tell the others whom we blamed, if we failed."""
+        if self.reported is not None:
+            try:
+                self._store.put(self._scope, f"blame.{self._rank}", str(self.reported).encode())
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        os.write(self._stop_w, b"\0")
+        self._thread.join(timeout=1.0)
+        os.close(self._stop_r)
+        os.close(self._stop_w)
 
 
 class _Peer:
@@ -44,6 +118,7 @@ class _Peer:
         self._pending = 0
         self._idle = threading.Condition()
         self._error: BaseException | None = None
+        self.deaths: DeathWatch | None = None
         self._thread = threading.Thread(target=self._send_loop, name=f"hvd-send-{rank}", daemon=True)
         self._thread.start()
 
@@ -79,7 +154,7 @@ class _Peer:
         with self._idle:
             while self._pending:
                 if not self._idle.wait(max(0.0, deadline - time.monotonic())):
-                    raise PeerFailure(self.rank, f"accepted no data for {self.timeout:.0f} s (hung?)")
+                    raise self._blame(f"accepted no data for {self.timeout:.0f} s (hung?)")
         if self._error is not None:
             raise self.failure(self._error)
 
@@ -87,7 +162,7 @@ class _Peer:
         try:
             wire.recv_into_exact(self.sock, _byte_view(view))
         except socket.timeout:
-            raise PeerFailure(self.rank, f"sent nothing for {self.timeout:.0f} s (hung?)") from None
+            raise self._blame(f"sent nothing for {self.timeout:.0f} s (hung?)") from None
         except (OSError, wire.WireError) as exc:
             raise self.failure(exc) from None
 
@@ -111,8 +186,11 @@ class _Peer:
         if isinstance(exc, PeerFailure):
             return exc
         if isinstance(exc, (ConnectionResetError, BrokenPipeError, wire.WireError)):
-            return PeerFailure(self.rank, "closed its connection (its process exited or crashed)")
-        return PeerFailure(self.rank, f"connection failed: {exc}")
+            return self._blame(CLOSED_BY_PEER)
+        return self._blame(f"connection failed: {exc}")
+
+    def _blame(self, reason: str) -> PeerFailure:
+        return self.deaths.blame(self.rank, reason) if self.deaths is not None else PeerFailure(self.rank, reason)
 
     def close(self) -> None:
         self._outbox.put(None)
@@ -159,6 +237,7 @@ class TcpTransport(Transport):
         self._peers: dict[int, _Peer] = {}
         self._scratch = np.empty(0, np.uint8)
         self._selector: selectors.BaseSelector | None = None
+        self.deaths: DeathWatch | None = None
         if size > 1:
             assert rendezvous is not None and secret_key is not None
             self._connect_mesh(rendezvous, secret_key, generation, rendezvous_addr, start_timeout, peer_timeout)
@@ -212,8 +291,18 @@ class TcpTransport(Transport):
             listener.close()
         for peer in self._peers.values():
             peer.sock.settimeout(peer_timeout)
+        if HANGUP & getattr(select, "POLLRDHUP", 0):
+            self.deaths = DeathWatch(self.rank, {r: peer.sock for r, peer in self._peers.items()}, rendezvous,
+                                     f"transport.{generation}")
+            for peer in self._peers.values():
+                peer.deaths = self.deaths
 
     # -- primitives -------------------------------------------------------------------------
+    def peer(self, rank: int) -> _Peer:
+        """The connection to `rank` (transports layered on this mesh use it for failure detection
+        and for control frames too large for their own channels)."""
+        return self._peers[rank]
+
     def _scratch_bytes(self, nbytes: int) -> np.ndarray:
         if self._scratch.nbytes < nbytes:
             self._scratch = np.empty(nbytes, np.uint8)
@@ -377,6 +466,10 @@ class TcpTransport(Transport):
         if self._selector is not None:
             self._selector.close()
             self._selector = None
+        if self.deaths is not None:
+            self.deaths.announce()
+            self.deaths.close()
+            self.deaths = None
         for peer in self._peers.values():
             peer.close()
         self._peers.clear()

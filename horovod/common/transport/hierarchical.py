@@ -1,0 +1,113 @@
+"""Hierarchical collectives for jobs on several hosts: shared memory inside a host, TCP across.
+
+An allreduce over a group with k members on each of H hosts runs in three steps:
+
+1. reduce-scatter inside every host through shared memory: local member p ends up holding its
+   host's sum of slice p (1/k of the buffer);
+2. allreduce of slice p across hosts, among the p-th members of all hosts, with the TCP ring:
+   the k rings of a host run at the same time, each on its own connections;
+3. allgather inside every host through shared memory.
+
+Each rank sends 1/k of what a flat ring would over the network, and nothing crosses the
+loopback TCP stack. An allgather first collects, over TCP, the blocks of the members at the same
+local position on the other hosts, then shares them inside the host through shared memory.
+
+When: `HOROVOD_HIERARCHICAL_ALLREDUCE` / `HOROVOD_HIERARCHICAL_ALLGATHER` (horovodrun
+`--[no-]hierarchical-allreduce`, `--[no-]hierarchical-allgather`) = 1 forces it for every group
+that has the same number of members on each host, = 0 turns it off. Unset, it is used when the
+group spans several hosts with the same number of members, at least two, on each. Everything
+else (groups on one host, other collectives, uneven groups) is what `ShmTransport` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from horovod.common.logging import log
+from horovod.common.transport import register
+from horovod.common.transport.shm import ShmTransport, _even_counts, _offsets
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How a group spanning hosts splits: our host's members and, per local position, its cross group."""
+
+    local: tuple[int, ...]  # members on this host, sorted
+    position: int  # our index in `local`
+    crosses: tuple[tuple[int, ...], ...]  # crosses[p]: the p-th member of every host, sorted
+
+
+class HierarchicalTransport(ShmTransport):
+    name = "hierarchical"
+
+    def __init__(self, *args: object, settings: object = None, **kwargs: object) -> None:
+        super().__init__(*args, settings=settings, **kwargs)
+        self.hierarchical_allreduce: bool | None = getattr(settings, "hierarchical_allreduce", None)
+        self.hierarchical_allgather: bool | None = getattr(settings, "hierarchical_allgather", None)
+        self._plans: dict[tuple[int, ...], _Plan | None] = {}
+        self._warned: set[tuple[int, ...]] = set()
+
+    def _plan(self, group: Sequence[int], setting: bool | None) -> _Plan | None:
+        """The plan for `group` if the hierarchical algorithm should run on it, else None."""
+        if setting is False or self.shm is None:
+            return None
+        key = tuple(group)
+        if key not in self._plans:
+            self._plans[key] = self._make_plan(key)
+        plan = self._plans[key]
+        if plan is None and setting and key not in self._warned and len({self.hosts[r] for r in key}) > 1:
+            self._warned.add(key)
+            log.warning("hierarchical collectives need the same number of ranks on every host; "
+                        "group %s is uneven, so it uses the flat TCP ring", list(key))
+        if plan is not None and len(plan.local) < 2:  # one member per host: that is the flat ring
+            return None
+        return plan
+
+    def _make_plan(self, group: tuple[int, ...]) -> _Plan | None:
+        by_host: dict[str, list[int]] = {}
+        for r in group:
+            by_host.setdefault(self.hosts[r], []).append(r)
+        if len(by_host) < 2 or len({len(members) for members in by_host.values()}) != 1:
+            return None
+        local = tuple(sorted(by_host[self.hosts[self.rank]]))
+        crosses = tuple(tuple(sorted(members[p] for members in by_host.values())) for p in range(len(local)))
+        return _Plan(local, local.index(self.rank), crosses)
+
+    def allreduce(self, group: Sequence[int], buf: np.ndarray, op: int) -> None:
+        plan = self._plan(group, self.hierarchical_allreduce) if buf.size else None
+        if plan is None:
+            return super().allreduce(group, buf, op)
+        assert self.shm is not None
+        counts = _even_counts(buf.size, len(plan.local))
+        lo = _offsets(counts)[plan.position]
+        part = buf[lo: lo + counts[plan.position]]
+        self.shm.reducescatter(plan.local, buf, part, counts, op)
+        if part.size:
+            self.tcp.allreduce(plan.crosses[plan.position], part, op)
+        self.shm.allgatherv(plan.local, part, buf, counts)
+
+    def allgatherv(self, group: Sequence[int], send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:
+        plan = self._plan(group, self.hierarchical_allgather)
+        if plan is None:
+            return super().allgatherv(group, send, recv, counts)
+        assert self.shm is not None
+        where = {r: i for i, r in enumerate(group)}
+        offsets = _offsets(counts)
+        cross_counts = [[int(counts[where[r]]) for r in cross] for cross in plan.crosses]
+        mine = np.empty(sum(cross_counts[plan.position]), recv.dtype)
+        self.tcp.allgatherv(plan.crosses[plan.position], send, mine, cross_counts[plan.position])
+        held = [sum(c) for c in cross_counts]
+        everything = np.empty(sum(held), recv.dtype)
+        self.shm.allgatherv(plan.local, mine, everything, held)
+        at = 0
+        for cross, sizes in zip(plan.crosses, cross_counts):
+            for r, size in zip(cross, sizes):
+                start = offsets[where[r]]
+                recv[start: start + size] = everything[at: at + size]
+                at += size
+
+
+register("hierarchical", HierarchicalTransport)
