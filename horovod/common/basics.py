@@ -138,7 +138,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             settings.cpu_operations, rank=topo.rank, size=topo.size, rendezvous=rendezvous,
             secret_key=settings.secret_key, generation=_generation,
             rendezvous_addr=settings.rendezvous_addr or "127.0.0.1", start_timeout=settings.start_timeout,
-            peer_timeout=settings.peer_timeout_seconds, topology=topo)
+            peer_timeout=settings.peer_timeout_seconds, topology=topo, settings=settings)
         sets = _static_sets(process_sets, topo.size)
         _check_sets_agree(transport, sets)
         timeline = None

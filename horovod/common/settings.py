@@ -79,7 +79,7 @@ class Settings:
     log_hide_time: bool = False
     dynamic_process_sets: bool = False
     elastic: bool = False
-    cpu_operations: str = "tcp"
+    cpu_operations: str = "auto"
     start_timeout: float = 30.0
     # How long a peer may stay silent in the middle of a collective before we call it hung.
     peer_timeout_seconds: float = 30.0
@@ -127,7 +127,7 @@ class Settings:
             log_hide_time=_flag(env, "HOROVOD_LOG_HIDE_TIME"),
             dynamic_process_sets=_flag(env, "HOROVOD_DYNAMIC_PROCESS_SETS"),
             elastic=_flag(env, "HOROVOD_ELASTIC"),
-            cpu_operations=(env.get("HOROVOD_CPU_OPERATIONS") or "tcp").strip().lower(),
+            cpu_operations=(env.get("HOROVOD_CPU_OPERATIONS") or "auto").strip().lower(),
             start_timeout=_float(env, "HOROVOD_START_TIMEOUT", 30.0),
             peer_timeout_seconds=_float(env, "HOROVOD_GLOO_TIMEOUT_SECONDS", 30.0),
             iface=env.get("HOROVOD_GLOO_IFACE") or None,

@@ -29,7 +29,11 @@ class Executor:
         self._fusion = np.empty(0, np.uint8)
 
     def _fusion_bytes(self, nbytes: int) -> np.ndarray:
-        """The persistent fusion buffer, grown once to the threshold and then reused."""
+        """The persistent fusion buffer, grown once to the threshold and then reused (or the
+        transport's own, when it offers one that it can read without a copy)."""
+        shared = self.transport.fusion_buffer(nbytes)
+        if shared is not None:
+            return shared
         if self._fusion.nbytes < nbytes:
             self._fusion = np.empty(max(nbytes, min(self.fusion_threshold, 1 << 30)), np.uint8)
         return self._fusion[:nbytes]

@@ -77,6 +77,12 @@ class Transport(ABC):
 
         Returns True when a peer is talking to us (it has started a negotiation cycle)."""
 
+    def fusion_buffer(self, nbytes: int) -> np.ndarray | None:
+        """A uint8 buffer of `nbytes` that this transport reads without a copy (shared memory),
+        for the engine to pack fused tensors into; None means "use ordinary memory".
+        Valid until the next call."""
+        return None
+
     @abstractmethod
     def close(self) -> None:
         """Release sockets, threads and shared memory. Safe to call twice."""
