@@ -46,7 +46,7 @@ data = tf.constant(rng.random((args.batch_size, args.image_size, args.image_size
 target = tf.constant(rng.integers(0, 1000, args.batch_size))
 
 
-def benchmark_step(first_batch: bool) -> None:
+def benchmark_step(first_batch: tf.Tensor) -> None:
     with tf.GradientTape() as tape:
         loss = loss_fn(target, model(data, training=True))
     # Horovod: average the gradients over all ranks.
@@ -70,14 +70,16 @@ log(f"Model: {args.model}")
 log(f"Batch size: {args.batch_size}")
 log(f"Number of {device}s: {hvd.size()}")
 
-step(True)
+# A boolean tensor, not a Python bool: one traced function serves the first and the later steps.
+first, later = tf.constant(True), tf.constant(False)
+step(first)
 log("Running warmup...")
-timeit.timeit(lambda: step(False), number=args.num_warmup_batches)
+timeit.timeit(lambda: step(later), number=args.num_warmup_batches)
 
 log("Running benchmark...")
 img_secs = []
 for x in range(args.num_iters):
-    seconds = timeit.timeit(lambda: step(False), number=args.num_batches_per_iter)
+    seconds = timeit.timeit(lambda: step(later), number=args.num_batches_per_iter)
     img_sec = args.batch_size * args.num_batches_per_iter / seconds
     log(f"Iter #{x}: {img_sec:.1f} img/sec per {device}")
     img_secs.append(img_sec)

@@ -12,7 +12,10 @@ import textwrap
 
 from multirank import RunResult, hvdrun
 
-ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "CUDA_VISIBLE_DEVICES": ""}
+# Quiet TensorFlow, no GPU probing, and one compute thread per rank for XLA (jax) and torch: the
+# ranks share the machine's cores.
+ENV = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "CUDA_VISIBLE_DEVICES": "",
+       "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1", "OMP_NUM_THREADS": "1"}
 
 PRELUDE = '''
 import os
@@ -43,6 +46,9 @@ def check(label):
 def done():
     report(**RESULTS)
 
+if keras.backend.backend() == "torch":
+    import torch
+    torch.set_num_threads(1)
 if keras.backend.backend() == "tensorflow":
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(1)
