@@ -38,53 +38,58 @@ from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Average
 
 
+def _contiguous(tensor: np.ndarray) -> np.ndarray:
+    """A C-contiguous array (copying only if needed); keeps 0-d arrays 0-d, unlike ascontiguousarray."""
+    return np.asarray(tensor, order="C")
+
+
 def allreduce(tensor: np.ndarray, name: str | None = None, op: int = Average, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Reduced copy of `tensor` (Average by default; integer averages truncate toward zero)."""
-    return allreduce_async(np.ascontiguousarray(tensor), name, op, prescale_factor, postscale_factor,
+    return allreduce_async(_contiguous(tensor), name, op, prescale_factor, postscale_factor,
                            process_set).wait()
 
 
 def grouped_allreduce(tensors: Sequence[np.ndarray], name: str | None = None, op: int = Average,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
-    return grouped_allreduce_async([np.ascontiguousarray(t) for t in tensors], name, op, prescale_factor,
+    return grouped_allreduce_async([_contiguous(t) for t in tensors], name, op, prescale_factor,
                                    postscale_factor, process_set).wait()
 
 
 def allgather(tensor: np.ndarray, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return allgather_async(np.ascontiguousarray(tensor), name, process_set).wait()
+    return allgather_async(_contiguous(tensor), name, process_set).wait()
 
 
 def grouped_allgather(tensors: Sequence[np.ndarray], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
-    return grouped_allgather_async([np.ascontiguousarray(t) for t in tensors], name, process_set).wait()
+    return grouped_allgather_async([_contiguous(t) for t in tensors], name, process_set).wait()
 
 
 def broadcast(tensor: np.ndarray, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return broadcast_async(np.ascontiguousarray(tensor), root_rank, name, process_set).wait()
+    return broadcast_async(_contiguous(tensor), root_rank, name, process_set).wait()
 
 
 def alltoall(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = None, name: str | None = None,
              process_set: ProcessSet = global_process_set) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Rows scattered by `splits`; returns the received rows, plus the received splits when
     `splits` was given (as Horovod does)."""
-    output, received = alltoall_async(np.ascontiguousarray(tensor), splits, name, process_set).wait()
+    output, received = alltoall_async(_contiguous(tensor), splits, name, process_set).wait()
     return output if splits is None else (output, received)
 
 
 def reducescatter(tensor: np.ndarray, name: str | None = None, op: int = Average, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return reducescatter_async(np.ascontiguousarray(tensor), name, op, prescale_factor, postscale_factor,
+    return reducescatter_async(_contiguous(tensor), name, op, prescale_factor, postscale_factor,
                                process_set).wait()
 
 
 def grouped_reducescatter(tensors: Sequence[np.ndarray], name: str | None = None, op: int = Average,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                           process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
-    return grouped_reducescatter_async([np.ascontiguousarray(t) for t in tensors], name, op, prescale_factor,
+    return grouped_reducescatter_async([_contiguous(t) for t in tensors], name, op, prescale_factor,
                                        postscale_factor, process_set).wait()
 
 
