@@ -64,8 +64,13 @@ SMALL_ALLREDUCE_BYTES = 64 * 1024
 SPIN_SECONDS = 50e-6
 _VIA_TCP = 1 << 63
 
-# Header words of the control block (_BLAME: 1 + the rank our failure report named).
-_PID, _SLEEPING, _CLOSED, _BLAME = 0, 1, 2, 3
+# Header words of the control block. _WAITING: 0 while awake, else what we sleep on,
+# kind << 16 | (local index of the peer + 1), with _ANY_PEER for "a message from anyone"; _TARGET:
+# the counter value we wait for; _BLAME: 1 + the rank our failure report named.
+_PID, _WAITING, _CLOSED, _BLAME, _TARGET = 0, 1, 2, 3, 4
+_ANY_PEER = 0xFFFF
+# After this many spins in a row that found nothing, skip spinning for a while (the machine is busy).
+_SPIN_MISSES, _SPIN_PAUSE = 8, 64
 _HEADER_WORDS = 8
 # Counter kinds: one u64 per local peer each, written by the block's owner.
 SENT, RECEIVED, STAGED, REDUCED, CONSUMED = range(5)
@@ -200,6 +205,7 @@ class SharedMemory:
         self.layout = _Layout(local, _round_up(max(0, fusion_bytes)))
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.spin = SPIN_SECONDS if local <= cpus else 0.0
+        self._spin_misses = self._spin_pause = 0
         self.rounds = [0] * local  # rounds completed with each peer
         self.slot_readers: list[list[tuple[int, int]]] = [[] for _ in range(DEPTH)]
         self._groups: dict[tuple[int, ...], tuple[list[int], int]] = {}
@@ -283,13 +289,18 @@ class SharedMemory:
             return
         self._closed = True
         self._unlink()
+        deaths = self.tcp.deaths
+        if deaths is not None:  # its thread must not look into segments we are about to release
+            deaths.local_cause = None
+            deaths.listeners.clear()
         if self.mine is not None:
-            deaths = self.tcp.deaths
             if deaths is not None and deaths.reported is not None:
                 self.mine.header[_BLAME] = deaths.reported + 1
             self.mine.header[_CLOSED] = 1
             _fence()
-            self._ring(range(len(self.members)))
+            for q in range(len(self.members)):
+                if q != self.me:
+                    self._wake(q)
         if self._bell is not None:
             self._bell.close()
         for seg in self.segments:
@@ -299,15 +310,26 @@ class SharedMemory:
             self._fd = -1
 
     # -- signalling -------------------------------------------------------------------------
-    def _ring(self, peers: Sequence[int]) -> None:
-        """Wake every listed peer that is asleep (call after publishing, behind a fence)."""
-        me = self.me
+    def _ring(self, kind: int, peers: Sequence[int]) -> None:
+        """Wake each listed peer asleep on what we just published (call behind a fence)."""
+        me, ours = self.me, self.mine.counters[kind]
         for q in peers:
-            if q != me and self.segments[q].header[_SLEEPING]:
-                try:
-                    self._bell.sendto(b"\0", self.bell_address[q])
-                except OSError:  # its bell is full (it will wake anyway) or it is gone
-                    pass
+            if q == me:
+                continue
+            header = self.segments[q].header
+            waiting = header[_WAITING]
+            if not waiting:
+                continue
+            on = (waiting & 0xFFFF) - 1
+            if (on == me and waiting >> 16 == kind and ours[q] >= header[_TARGET]) or (
+                    on == _ANY_PEER - 1 and kind == SENT):
+                self._wake(q)
+
+    def _wake(self, q: int) -> None:
+        try:
+            self._bell.sendto(b"\0", self.bell_address[q])
+        except OSError:  # its bell is full (it will wake anyway) or it is gone
+            pass
 
     def _publish(self, kind: int, gl: Sequence[int], bases: Sequence[int], value: int) -> None:
         counters, me = self.mine.counters[kind], self.me
@@ -315,7 +337,7 @@ class SharedMemory:
             if q != me:
                 counters[q] = base + value
         _fence()
-        self._ring(gl)
+        self._ring(kind, gl)
 
     def _drain_bell(self) -> None:
         try:
@@ -329,26 +351,32 @@ class SharedMemory:
         counter, me = self.segments[q].counters[kind], self.me
         if counter[me] >= target:
             return
-        if self.spin:
+        if self.spin and not self._spin_pause:
             end = time.perf_counter() + self.spin
             while time.perf_counter() < end:
                 if counter[me] >= target:
+                    self._spin_misses = 0
                     return
-        self._sleep_until(q, counter, target)
+            self._spin_misses += 1
+            if self._spin_misses >= _SPIN_MISSES:
+                self._spin_misses, self._spin_pause = 0, _SPIN_PAUSE
+        elif self._spin_pause:
+            self._spin_pause -= 1
+        self._sleep_until(q, kind, counter, target)
 
     def _wake_self(self) -> None:
         """Called by the TCP mesh's death watch: a connection closed, stop waiting."""
-        try:
-            self.bell.sendto(b"\0", self.bell_address[self.me])
-        except OSError:
-            pass
+        self._wake(self.me)
 
     def _blamed_by(self, rank: int) -> int | None:
         """Whom local `rank` named when it failed (itself if it named nobody); None if not local."""
         q = self.index.get(rank)
-        if q is None or not self.segments:
+        try:
+            blamed = self.segments[q].header[_BLAME] if q is not None else None
+        except (TypeError, IndexError):  # released meanwhile (we are closing)
             return None
-        blamed = self.segments[q].header[_BLAME]
+        if blamed is None:
+            return None
         return blamed - 1 if blamed else rank
 
     def _failure(self, rank: int, reason: str) -> PeerFailure:
@@ -367,18 +395,19 @@ class SharedMemory:
                     self._fd_rank[sock.fileno()] = r
         return self._poll
 
-    def _sleep_until(self, q: int, counter: memoryview, target: int) -> None:
+    def _sleep_until(self, q: int, kind: int, counter: memoryview, target: int) -> None:
         me, header, poll, deaths = self.me, self.mine.header, self._poller(), self.tcp.deaths
         peer_rank = self.members[q]
         seen, since = counter[me], time.monotonic()
         while True:
-            header[_SLEEPING] = 1
+            header[_TARGET] = target
+            header[_WAITING] = kind << 16 | (q + 1)
             _fence()
             if counter[me] >= target:
-                header[_SLEEPING] = 0
+                header[_WAITING] = 0
                 return
             events = poll.poll(1000)
-            header[_SLEEPING] = 0
+            header[_WAITING] = 0
             self._drain_bell()
             if counter[me] >= target:
                 return
@@ -396,7 +425,8 @@ class SharedMemory:
                 raise self._failure(peer_rank, f"made no progress for {self.timeout:.0f} s (hung?)")
 
     def set_sleeping(self, sleeping: bool) -> None:
-        self.mine.header[_SLEEPING] = int(sleeping)
+        """Around the engine's idle wait: any peer posting a message to us rings our bell."""
+        self.mine.header[_WAITING] = SENT << 16 | _ANY_PEER if sleeping else 0
         if sleeping:
             _fence()
 
@@ -435,7 +465,7 @@ class SharedMemory:
         self.mine.channel_len[q][k % 2][0] = (_VIA_TCP | size) if via_tcp else size
         sent[q] = k + 1
         _fence()
-        self._ring((q,))
+        self._ring(SENT, (q,))
         if via_tcp:
             self.tcp.peer(self.members[q]).send_frame(payload)
         return via_tcp
@@ -452,7 +482,7 @@ class SharedMemory:
             payload = bytes(seg.channel_data[self.me][k % 2][:size])
         received[q] = k + 1
         _fence()
-        self._ring((q,))
+        self._ring(RECEIVED, (q,))
         return payload
 
     def _flush(self, ranks: Sequence[int]) -> None:

@@ -72,12 +72,13 @@ class DeathWatch:
                 self._poll.unregister(fd)
                 if self.first is None:
                     self.first = self._cause(self._ranks[fd])
-                for listener in self.listeners:
+                for listener in list(self.listeners):
                     listener()
 
     def _cause(self, rank: int) -> int:
         """Whom `rank` blamed when it stopped, or `rank` itself if it left no word (it crashed)."""
-        known = self.local_cause(rank) if self.local_cause is not None else None
+        local_cause = self.local_cause
+        known = local_cause(rank) if local_cause is not None else None
         if known is not None:
             return known
         try:
