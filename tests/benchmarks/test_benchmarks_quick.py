@@ -1,0 +1,42 @@
+"""The benchmark suite runs (quick mode, as CI does): a check that it works, not a timing."""
+
+import json
+import subprocess
+import sys
+
+from multirank import child_env
+
+from horovod.benchmarks.__main__ import parse_sizes
+from horovod.benchmarks.report import bus_factor, summarize, table
+
+
+def test_quick_allreduce_and_latency_write_their_json(tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.run([sys.executable, "-m", "horovod.benchmarks", "allreduce", "broadcast", "latency",
+                           "--quick", "--out-dir", str(out)], capture_output=True, text=True, timeout=240,
+                          env=child_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((out / "results.json").read_text())
+    assert result["errors"] == [] and result["np"] == 2
+    bandwidth = result["summary"]["bandwidth"]
+    assert [row["bytes"] for row in bandwidth["allreduce"]["khorovod"]] == [4096, 65536, 1 << 20]
+    assert all(row["busbw_GBps"] > 0 for row in bandwidth["broadcast"]["khorovod"])
+    assert [row["bytes"] for row in result["summary"]["latency"]["allreduce"]["khorovod"]] == [4, 4096]
+    assert "allreduce: 2 ranks" in proc.stdout and "latency (allreduce)" in proc.stdout
+
+
+def test_sizes_factors_and_table():
+    assert parse_sizes("4K-256M") == [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20,
+                                      64 << 20, 256 << 20]
+    assert parse_sizes("4K-16K", step=2) == [4096, 8192, 16384]
+    assert parse_sizes("4,4K,1M") == [4, 4096, 1 << 20]
+    assert bus_factor("allreduce", 4) == 1.5 and bus_factor("allgather", 4) == 0.75
+    assert bus_factor("broadcast", 4) == 1.0
+    run = lambda system, seconds: {"system": system, "report": {"ranks": 2, "ops": {"allreduce": [
+        {"bytes": 1 << 20, "median_s": seconds, "min_s": seconds / 2}]}}}
+    summary = summarize([run("khorovod", 0.001), run("gloo", 0.002), run("khorovod", 0.003)])
+    ours = summary["allreduce"]["khorovod"][0]
+    assert ours["median_s"] == 0.002 and ours["min_s"] == 0.0005 and ours["runs"] == 2
+    assert abs(ours["busbw_GBps"] - (1 << 20) / 0.002 / 1e9) < 1e-9
+    text = table("allreduce", summary["allreduce"], 2)
+    assert "1 MiB" in text and "1.00x" in text  # both medians are 2 ms
