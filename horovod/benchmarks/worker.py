@@ -40,7 +40,7 @@ class Backend:
         raise NotImplementedError
 
     def as_numpy(self, data: object) -> np.ndarray:
-        return np.asarray(data)
+        return np.asarray(data)  # numpy arrays and CPU torch tensors alike
 
     def fill(self, bufs: tuple, value: float) -> None:
         bufs[0][...] = value
@@ -67,78 +67,54 @@ def _elements(op: str, nbytes: int, size: int) -> tuple[int, int]:
     return total, total
 
 
-class TorchHorovod(Backend):
-    """khorovod, or the reference Horovod: the same `horovod.torch` API."""
+class HorovodApi(Backend):
+    """khorovod or the reference Horovod through `horovod.torch` (the same API), or khorovod
+    through `horovod.numpy` where torch is not installed; in place where the API allows."""
 
     def __init__(self, system: str) -> None:
-        import torch
-        import horovod.torch as hvd
+        try:
+            import torch
+            import horovod.torch as hvd
 
-        torch.set_num_threads(1)
+            torch.set_num_threads(1)
+            self.torch: object = torch
+        except ImportError:
+            if system == "horovod":
+                raise
+            import horovod.numpy as hvd
+
+            self.torch = None
         hvd.init()
-        self.torch, self.hvd = torch, hvd
+        self.hvd = hvd
         self.name, self.rank, self.size = system, hvd.rank(), hvd.size()
         self.version = getattr(__import__("horovod"), "__version__", "")
 
     def buffers(self, op: str, nbytes: int) -> tuple:
         n_in, _ = _elements(op, nbytes, self.size)
-        return (self.torch.zeros(n_in, dtype=self.torch.float32),)
-
-    def fill(self, bufs: tuple, value: float) -> None:
-        bufs[0].fill_(value)
-
-    def as_numpy(self, data: object) -> np.ndarray:
-        return data.numpy()  # type: ignore[attr-defined]
+        if self.torch is None:
+            return (np.zeros(n_in, np.float32),)
+        return (self.torch.zeros(n_in, dtype=self.torch.float32),)  # type: ignore[attr-defined]
 
     def run(self, op: str, bufs: tuple, tag: str) -> object:
         hvd, t = self.hvd, bufs[0]
         if op == "allreduce":
+            if self.torch is None:
+                return hvd.synchronize(hvd.allreduce_async(t, name=tag, op=hvd.Sum, output=t))
             return hvd.allreduce_(t, op=hvd.Sum, name=tag)
         if op == "allgather":
             return hvd.allgather(t, name=tag)
         if op == "broadcast":
-            return hvd.broadcast_(t, root_rank=0, name=tag)
+            return (hvd.broadcast if self.torch is None else hvd.broadcast_)(t, root_rank=0, name=tag)
         if op == "alltoall":
             return hvd.alltoall(t, name=tag)
         return hvd.reducescatter(t, op=hvd.Sum, name=tag)
 
     def max_across(self, values: np.ndarray) -> np.ndarray:
-        t = self.torch.from_numpy(np.ascontiguousarray(values, np.float64))
-        return self.hvd.allreduce(t, op=self.hvd.Max, name="bench.times").numpy()
-
-    def close(self) -> None:
-        self.hvd.shutdown()
-
-
-class NumpyKhorovod(Backend):
-    """khorovod without torch: `horovod.numpy`, in place where the API allows."""
-
-    def __init__(self) -> None:
-        import horovod.numpy as hvd
-
-        hvd.init()
-        self.hvd = hvd
-        self.name, self.rank, self.size = "khorovod", hvd.rank(), hvd.size()
-        self.version = getattr(__import__("horovod"), "__version__", "")
-
-    def buffers(self, op: str, nbytes: int) -> tuple:
-        n_in, _ = _elements(op, nbytes, self.size)
-        return (np.zeros(n_in, np.float32),)
-
-    def run(self, op: str, bufs: tuple, tag: str) -> object:
-        hvd, t = self.hvd, bufs[0]
-        if op == "allreduce":
-            return hvd.synchronize(hvd.allreduce_async(t, name=tag, op=hvd.Sum, output=t))
-        if op == "allgather":
-            return hvd.allgather(t, name=tag)
-        if op == "broadcast":
-            return hvd.broadcast(t, root_rank=0, name=tag)
-        if op == "alltoall":
-            return hvd.alltoall(t, name=tag)
-        return hvd.reducescatter(t, op=hvd.Sum, name=tag)
-
-    def max_across(self, values: np.ndarray) -> np.ndarray:
-        return self.hvd.allreduce(np.ascontiguousarray(values, np.float64), op=self.hvd.Max, name="bench.times")
+        values = np.ascontiguousarray(values, np.float64)
+        if self.torch is None:
+            return self.hvd.allreduce(values, op=self.hvd.Max, name="bench.times")
+        return np.asarray(self.hvd.allreduce(self.torch.from_numpy(values), op=self.hvd.Max,  # type: ignore
+                                             name="bench.times"))
 
     def close(self) -> None:
         self.hvd.shutdown()
@@ -163,12 +139,6 @@ class Gloo(Backend):
         if op in ("allreduce", "broadcast"):
             return (zeros(n_in, dtype=self.torch.float32),)
         return zeros(n_in, dtype=self.torch.float32), zeros(n_out, dtype=self.torch.float32)
-
-    def fill(self, bufs: tuple, value: float) -> None:
-        bufs[0].fill_(value)
-
-    def as_numpy(self, data: object) -> np.ndarray:
-        return data.numpy()  # type: ignore[attr-defined]
 
     def run(self, op: str, bufs: tuple, tag: str) -> object:
         dist = self.dist
@@ -235,13 +205,7 @@ class Mpi(Backend):
 
 def make_backend(system: str) -> Backend:
     if system in ("khorovod", "horovod"):
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            if system == "horovod":
-                raise
-            return NumpyKhorovod()
-        return TorchHorovod(system)
+        return HorovodApi(system)
     if system == "gloo":
         return Gloo()
     if system == "mpi":
