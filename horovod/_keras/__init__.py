@@ -31,7 +31,9 @@ def allreduce(value: Any, name: str | None = None, average: bool | None = None, 
     """`value` reduced over all ranks (Average by default), as a numpy array."""
     array, ctx = _array(value, compression)
     out = core.allreduce_async(array, name, resolve_op(op, average), prescale_factor, postscale_factor).wait()
-    return out if ctx is None else keras.ops.convert_to_numpy(compression.decompress(keras.ops.convert_to_tensor(out), ctx))
+    if ctx is None:
+        return out
+    return keras.ops.convert_to_numpy(compression.decompress(keras.ops.convert_to_tensor(out), ctx))
 
 
 def allgather(value: Any, name: str | None = None) -> np.ndarray:

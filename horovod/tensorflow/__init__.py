@@ -21,6 +21,7 @@ from horovod.common import *  # noqa: F401,F403  (basics, op constants, process 
 from horovod.common import __all__ as _common_all
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.functions import (
+    BroadcastGlobalVariablesHook,
     allgather_object,
     broadcast_global_variables,
     broadcast_object,
@@ -49,7 +50,8 @@ from horovod.tensorflow.optimizer import DistributedOptimizer
 from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization
 
 __all__ = list(_common_all) + [
-    "Compression", "DistributedGradientTape", "DistributedOptimizer", "PartialDistributedGradientTape",
+    "BroadcastGlobalVariablesHook", "Compression", "DistributedGradientTape", "DistributedOptimizer",
+    "PartialDistributedGradientTape",
     "SyncBatchNormalization", "allgather", "allgather_object", "allreduce", "alltoall", "broadcast", "broadcast_",
     "broadcast_global_variables", "broadcast_object", "broadcast_object_fn", "broadcast_variables",
     "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "join", "local_rank_op", "local_size_op",

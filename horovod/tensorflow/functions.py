@@ -34,6 +34,24 @@ def broadcast_global_variables(root_rank: int) -> Any:
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
 
 
+class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """TF1 `MonitoredTrainingSession` hook: once the session exists, every rank takes the global
+    variables of `root_rank`. `device` is accepted for compatibility."""
+
+    def __init__(self, root_rank: int, device: str = "") -> None:
+        super().__init__()
+        self.root_rank = root_rank
+        self.device = device
+        self.bcast_op = None
+
+    def begin(self) -> None:
+        if self.bcast_op is None or self.bcast_op.graph is not tf.compat.v1.get_default_graph():
+            self.bcast_op = broadcast_global_variables(self.root_rank)
+
+    def after_create_session(self, session: Any, coord: Any) -> None:
+        session.run(self.bcast_op)
+
+
 def broadcast_object(obj: Any, root_rank: int = 0, session: Any = None, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
     """Any picklable object from `root_rank`, on every rank (a Python-level call; `session` is
@@ -53,5 +71,6 @@ def allgather_object(obj: Any, session: Any = None, name: str | None = None,
     return core.allgather_object(obj, name, process_set)
 
 
-__all__ = ["allgather_object", "broadcast_global_variables", "broadcast_object", "broadcast_object_fn",
+__all__ = ["BroadcastGlobalVariablesHook", "allgather_object", "broadcast_global_variables", "broadcast_object",
+           "broadcast_object_fn",
            "broadcast_variables"]

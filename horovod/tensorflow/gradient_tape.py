@@ -108,7 +108,8 @@ class DistributedGradientTape(tf.GradientTape):
         """(local gradients, global gradients) of `sources`, split by `register_local_source`."""
         grads = self.gradient(target, sources, **kwargs)
         pairs = list(zip(tf.nest.flatten(grads), tf.nest.flatten(sources)))
-        return ([g for g, s in pairs if self._reducer.is_local(s)], [g for g, s in pairs if not self._reducer.is_local(s)])
+        local = [self._reducer.is_local(s) for _, s in pairs]
+        return [g for (g, _), mine in zip(pairs, local) if mine], [g for (g, _), mine in zip(pairs, local) if not mine]
 
     # -- the wrapped tape's own behaviour ---------------------------------------------------------------
     def __enter__(self) -> "DistributedGradientTape":

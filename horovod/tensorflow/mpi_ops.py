@@ -31,7 +31,7 @@ from horovod.common import basics
 from horovod.common import ops as core
 from horovod.common.gradients import resolve_op
 from horovod.common.process_sets import ProcessSet, global_process_set
-from horovod.common.reduce_ops import Adasum, Average, Sum
+from horovod.common.reduce_ops import Average, Sum
 from horovod.tensorflow.compression import Compression, Compressor
 
 # Public entry points are not rewritten by AutoGraph when called from a tf.function: they are
@@ -145,45 +145,36 @@ def _rows_unknown(shape: tf.TensorShape) -> tf.TensorShape:
 
 
 # -- jobs: one per core collective ---------------------------------------------------------------------
-def _allreduce_job(tensors: Sequence[tf.Tensor], name: str | None, op: int, prescale: float, postscale: float,
-                   process_set: ProcessSet, grouped: bool) -> _Job:
+_CORE = {  # kind -> (single-tensor call, list call); both take (tensor(s), *args)
+    "allreduce": (core.allreduce_async, core.grouped_allreduce_async),
+    "allgather": (core.allgather_async, core.grouped_allgather_async),
+    "broadcast": (core.broadcast_async, None),
+    "reducescatter": (core.reducescatter_async, core.grouped_reducescatter_async),
+}
+
+
+def _core_job(kind: str, tensors: Sequence[tf.Tensor], grouped: bool, *args: Any) -> _Job:
+    """A job calling the core's `kind` on `tensors` (as one group when `grouped`) with `args`."""
+    single, group = _CORE[kind]
+
     def start(arrays: list[np.ndarray]) -> Callable[[], list[np.ndarray]]:
         if grouped:
-            handle = core.grouped_allreduce_async(arrays, name, op, prescale, postscale, process_set)
-            return handle.wait
-        handle = core.allreduce_async(arrays[0], name, op, prescale, postscale, process_set)
+            return group(arrays, *args).wait
+        handle = single(arrays[0], *args)
         return lambda: [handle.wait()]
 
-    return _Job(tensors, [t.dtype for t in tensors], [t.shape for t in tensors], start)
+    same_shape = kind in ("allreduce", "broadcast")
+    shapes = [t.shape if same_shape else _rows_unknown(t.shape) for t in tensors]
+    return _Job(tensors, [t.dtype for t in tensors], shapes, start)
+
+
+def _allreduce_job(tensors: Sequence[tf.Tensor], name: str | None, op: int, prescale: float, postscale: float,
+                   process_set: ProcessSet, grouped: bool) -> _Job:
+    return _core_job("allreduce", tensors, grouped, name, op, prescale, postscale, process_set)
 
 
 def _allgather_job(tensors: Sequence[tf.Tensor], name: str | None, process_set: ProcessSet, grouped: bool) -> _Job:
-    def start(arrays: list[np.ndarray]) -> Callable[[], list[np.ndarray]]:
-        if grouped:
-            return core.grouped_allgather_async(arrays, name, process_set).wait
-        handle = core.allgather_async(arrays[0], name, process_set)
-        return lambda: [handle.wait()]
-
-    return _Job(tensors, [t.dtype for t in tensors], [_rows_unknown(t.shape) for t in tensors], start)
-
-
-def _broadcast_job(tensor: tf.Tensor, root_rank: int, name: str | None, process_set: ProcessSet) -> _Job:
-    def start(arrays: list[np.ndarray]) -> Callable[[], list[np.ndarray]]:
-        handle = core.broadcast_async(arrays[0], root_rank, name, process_set)
-        return lambda: [handle.wait()]
-
-    return _Job([tensor], [tensor.dtype], [tensor.shape], start)
-
-
-def _reducescatter_job(tensors: Sequence[tf.Tensor], name: str | None, op: int, prescale: float, postscale: float,
-                       process_set: ProcessSet, grouped: bool) -> _Job:
-    def start(arrays: list[np.ndarray]) -> Callable[[], list[np.ndarray]]:
-        if grouped:
-            return core.grouped_reducescatter_async(arrays, name, op, prescale, postscale, process_set).wait
-        handle = core.reducescatter_async(arrays[0], name, op, prescale, postscale, process_set)
-        return lambda: [handle.wait()]
-
-    return _Job(tensors, [t.dtype for t in tensors], [_rows_unknown(t.shape) for t in tensors], start)
+    return _core_job("allgather", tensors, grouped, name, process_set)
 
 
 def _dims0(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
@@ -327,7 +318,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None, ignore_name_
     op_name = _op_name("HorovodBroadcast", inputs, name, ignore_name_scope)
 
     def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
-        return _run([_broadcast_job(xs[0], root_rank, op_name, process_set)], "HorovodBroadcast")[0]
+        return _run([_core_job("broadcast", xs, False, root_rank, op_name, process_set)], "HorovodBroadcast")[0]
 
     def backward(dys: list[tf.Tensor]) -> list[tf.Tensor]:
         grad = _allreduce(dys[0], None if op_name is None else f"{op_name}.grad", Average, process_set=process_set)
@@ -349,8 +340,8 @@ def broadcast_(variables: Sequence[tf.Variable], root_rank: int, name: str | Non
 def _broadcast_values(variables: Sequence[Any], root_rank: int, prefix: str,
                       process_set: ProcessSet) -> list[tf.Tensor]:
     """The root's values of `variables`, all broadcast in one round."""
-    jobs = [_broadcast_job(_tensor(var, "broadcast"), root_rank,
-                           f"{prefix}.{i}.{_normalize_name(getattr(var, 'name', 'var'))}", process_set)
+    jobs = [_core_job("broadcast", [_tensor(var, "broadcast")], False, root_rank,
+                      f"{prefix}.{i}.{_normalize_name(getattr(var, 'name', 'var'))}", process_set)
             for i, var in enumerate(variables)]
     return [outs[0] for outs in _run(jobs, "HorovodBroadcastVariables")] if jobs else []
 
@@ -401,8 +392,8 @@ def _reducescatter(tensors: Sequence[Any], name: str | None, op: int, prescale_f
     op_name = _op_name(kind, inputs, name, ignore_name_scope)
 
     def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
-        return _run([_reducescatter_job(xs, op_name, op, prescale_factor, postscale_factor, process_set, grouped)],
-                    kind)[0]
+        job = _core_job("reducescatter", xs, grouped, op_name, op, prescale_factor, postscale_factor, process_set)
+        return _run([job], kind)[0]
 
     def backward(dys: list[tf.Tensor]) -> list[tf.Tensor]:
         # The rows of every rank come back to all ranks; a Sum spreads each input row to all of
@@ -504,7 +495,7 @@ def process_set_included_op(process_set_id: int = 0, name: str | None = None) ->
 
 
 __all__ = [
-    "Adasum", "allgather", "allreduce", "alltoall", "broadcast", "broadcast_", "grouped_allgather",
+    "allgather", "allreduce", "alltoall", "broadcast", "broadcast_", "grouped_allgather",
     "grouped_allreduce", "grouped_reducescatter", "join", "local_rank_op", "local_size_op",
     "process_set_included_op", "rank_op", "reducescatter", "size_op",
 ]

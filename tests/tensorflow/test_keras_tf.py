@@ -150,8 +150,8 @@ def _():
     inner = keras.optimizers.SGD(0.1, momentum=0.9, nesterov=True)
     opt = hvd.DistributedOptimizer(inner)
     opt.learning_rate = 0.3
-    out = [isinstance(opt, keras.optimizers.Optimizer), type(opt).__name__, opt.name, float(inner.learning_rate.numpy()),
-           opt.momentum, opt.nesterov]
+    out = [isinstance(opt, keras.optimizers.Optimizer), type(opt).__name__, opt.name,
+           float(inner.learning_rate.numpy()), opt.momentum, opt.nesterov]
     for bad in [lambda: hvd.DistributedOptimizer(opt), lambda: hvd.DistributedOptimizer("sgd"),
                 lambda: hvd.DistributedOptimizer(inner, backward_passes_per_step=0),
                 lambda: hvd.DistributedOptimizer(inner, op=hvd.Sum, gradient_predivide_factor=2.0)]:

@@ -60,7 +60,8 @@ def _():
 @check("allreduce_sparse")
 def _():
     def fn():
-        s = tf.IndexedSlices(tf.constant([[1.0, 1.0]]) * (r + 1), tf.constant([r], tf.int64), tf.constant([2, 2], tf.int64))
+        s = tf.IndexedSlices(tf.constant([[1.0, 1.0]]) * (r + 1), tf.constant([r], tf.int64),
+                             tf.constant([2, 2], tf.int64))
         out = hvd.allreduce(s)
         return [type(out).__name__, out.values, out.indices, tf.convert_to_tensor(out)]
     return modes(fn)
@@ -275,6 +276,14 @@ def _():
             after = session.run(v)
             session.run(train)
             return [after, session.run(reduced), session.run(w)]
+
+@check("tf1_hook")
+def _():
+    with tf.Graph().as_default():
+        v = tf.compat.v1.Variable([float(r), 2.0 * r])
+        hooks = [hvd.BroadcastGlobalVariablesHook(1)]
+        with tf.compat.v1.train.MonitoredTrainingSession(hooks=hooks) as session:
+            return session.run(v)
 
 @check("broadcast_global_variables_eager")
 def _():
@@ -525,6 +534,11 @@ def test_partial_tape_local_and_global_gradients(run):
 def test_tf1_graph_mode_with_sessions(run):
     for got in both_ranks(run, "tf1_graph_session"):
         assert got == [[1.0, 1.0], [2.0, 2.0], [0.25, 0.25]]
+
+
+def test_broadcast_global_variables_hook(run):
+    for got in both_ranks(run, "tf1_hook"):
+        assert got == [1.0, 2.0]
 
 
 def test_broadcast_global_variables_needs_tf1_graphs(run):
