@@ -117,8 +117,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     def apply(self, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> None:
         if not self.built:
+            if trainable_variables is None:
+                raise ValueError("the optimizer is not built yet: pass trainable_variables, or call "
+                                 "optimizer.build(variables) first")
             with keras.name_scope(self.name):
-                self.build(list(trainable_variables) if trainable_variables is not None else [])
+                self.build(list(trainable_variables))
         variables = list(trainable_variables) if trainable_variables is not None else list(self._trainable_variables)
         grads = list(grads)
         if self._passes_per_step == 1:
