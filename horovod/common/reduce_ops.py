@@ -27,8 +27,15 @@ if BFLOAT16 is not None:
     SUPPORTED_DTYPES["bfloat16"] = BFLOAT16
 
 
+# Supported dtypes by dtype object: numpy's `dtype.name` takes microseconds, and every collective asks.
+_NAMES: dict[np.dtype, str] = {dtype: name for name, dtype in SUPPORTED_DTYPES.items()}
+
+
 def dtype_name(dtype: np.dtype) -> str:
     """Our wire name of a dtype; ValueError (naming the supported ones) when we cannot move it."""
+    known = _NAMES.get(dtype) if isinstance(dtype, np.dtype) else None
+    if known is not None:
+        return known
     name = np.dtype(dtype).name
     if name not in SUPPORTED_DTYPES:
         hint = " (install ml_dtypes for bfloat16)" if name == "bfloat16" else ""
