@@ -109,10 +109,14 @@ def plot(summary: dict, ranks: int, path: str, title: str) -> str:
             ax.plot([r["bytes"] for r in data], [r["busbw_GBps"] for r in data], marker="o", markersize=3,
                     label=system)
         ax.set_xscale("log", base=2)
+        sizes = sorted({r["bytes"] for data in summary[op].values() for r in data})
+        ax.set_xticks(sizes, [human_bytes(b).replace(" ", "").replace("iB", "") for b in sizes], fontsize=7,
+                      rotation=45)
+        ax.minorticks_off()
         ax.set_title(f"{op} ({ranks} ranks)", fontsize=9)
         ax.set_xlabel("bytes", fontsize=8)
         ax.set_ylabel("busbw (GB/s)", fontsize=8)
-        ax.tick_params(labelsize=7)
+        ax.tick_params(axis="y", labelsize=7)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(ops):]:
