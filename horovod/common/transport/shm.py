@@ -222,6 +222,7 @@ class SharedMemory:
         self._fusion_limit = self.layout.fusion_bytes
         self._poll: select.poll | None = None
         self._fd_rank: dict[int, int] = {}
+        self._typed_views: dict[np.dtype, list] = {}
         self.mine: _Mapped | None = None
         self._closed = False
         try:
@@ -308,6 +309,7 @@ class SharedMemory:
                     self._wake(q)
         if self._bell is not None:
             self._bell.close()
+        self._typed_views.clear()
         for seg in self.segments:
             seg.release()
         if self._fd >= 0:
@@ -315,9 +317,9 @@ class SharedMemory:
             self._fd = -1
 
     # -- signalling -------------------------------------------------------------------------
-    def _ring(self, kind: int, peers: Sequence[int]) -> None:
+    def _ring(self, kinds: tuple[int, ...], peers: Sequence[int]) -> None:
         """Wake each listed peer asleep on what we just published (call behind a fence)."""
-        me, ours = self.me, self.mine.counters[kind]
+        me, counters = self.me, self.mine.counters
         for q in peers:
             if q == me:
                 continue
@@ -325,9 +327,9 @@ class SharedMemory:
             waiting = header[_WAITING]
             if not waiting:
                 continue
-            on = (waiting & 0xFFFF) - 1
-            if (on == me and waiting >> 16 == kind and ours[q] >= header[_TARGET]) or (
-                    on == _ANY_PEER - 1 and kind == SENT):
+            on, kind = (waiting & 0xFFFF) - 1, waiting >> 16
+            if (on == me and kind in kinds and counters[kind][q] >= header[_TARGET]) or (
+                    on == _ANY_PEER - 1 and SENT in kinds):
                 self._wake(q)
 
     def _wake(self, q: int) -> None:
@@ -342,7 +344,27 @@ class SharedMemory:
             if q != me:
                 counters[q] = base + value
         _fence()
-        self._ring(kind, gl)
+        self._ring((kind,), gl)
+
+    def _progress(self, gl: Sequence[int], bases: Sequence[int], staged: int, reduced: int, consumed: int) -> None:
+        """Publish a round's progress at once (zero: nothing new of that kind)."""
+        me, counters = self.me, self.mine.counters
+        for kind, value in ((STAGED, staged), (REDUCED, reduced), (CONSUMED, consumed)):
+            if value:
+                mine = counters[kind]
+                for q, base in zip(gl, bases):
+                    if q != me:
+                        mine[q] = base + value
+        _fence()
+        self._ring((STAGED, REDUCED, CONSUMED), gl)
+
+    def _typed(self, dtype: np.dtype) -> list[tuple[list[np.ndarray], np.ndarray]]:
+        """Per local rank: its slots and its fusion region as arrays of `dtype` (made once per dtype)."""
+        views = self._typed_views.get(dtype)
+        if views is None:
+            views = self._typed_views[dtype] = [([slot.view(dtype) for slot in seg.slots], seg.fusion.view(dtype))
+                                                for seg in self.segments]
+        return views
 
     def _drain_bell(self) -> None:
         try:
@@ -470,7 +492,7 @@ class SharedMemory:
         self.mine.channel_len[q][k % 2][0] = (_VIA_TCP | size) if via_tcp else size
         sent[q] = k + 1
         _fence()
-        self._ring(SENT, (q,))
+        self._ring((SENT,), (q,))
         if via_tcp:
             self.tcp.peer(self.members[q]).send_frame(payload)
         return via_tcp
@@ -487,7 +509,7 @@ class SharedMemory:
             payload = bytes(seg.channel_data[self.me][k % 2][:size])
         received[q] = k + 1
         _fence()
-        self._ring(RECEIVED, (q,))
+        self._ring((RECEIVED,), (q,))
         return payload
 
     def _flush(self, ranks: Sequence[int]) -> None:
@@ -559,20 +581,12 @@ class SharedMemory:
             return offset + 1
         return 0
 
-    def _view(self, q: int, desc: int, slot: int, pos_bytes: int, elem: int, count: int,
-              dtype: np.dtype) -> np.ndarray:
-        """`count` elements of rank q's data: at element `elem` of its fusion region buffer when it
-        published a descriptor, else at `pos_bytes` of its slot."""
-        item = dtype.itemsize
-        if desc:
-            start = desc - 1 + elem * item
-            return self.segments[q].fusion[start: start + count * item].view(dtype)
-        return self.segments[q].slots[slot][pos_bytes: pos_bytes + count * item].view(dtype)
-
     # -- data plane: collectives ------------------------------------------------------------
     def allreduce(self, group: Sequence[int], buf: np.ndarray, op: int) -> None:
         gl, pos = self.group(group)
-        if buf.nbytes <= SMALL_ALLREDUCE_BYTES or buf.size < len(gl):
+        if len(gl) == 2 and (buf.nbytes <= SMALL_ALLREDUCE_BYTES or not self._descriptor(buf)):
+            self._allreduce_pair(gl, pos, buf, op)
+        elif buf.nbytes <= SMALL_ALLREDUCE_BYTES or buf.size < len(gl):
             self._allreduce_whole(gl, pos, buf, op)
         else:
             self._sliced(gl, pos, buf, None, _even_counts(buf.size, len(gl)), op)
@@ -606,16 +620,44 @@ class SharedMemory:
         self._publish(CONSUMED, gl, bases, 1)
         self._finish(gl, bases, [1] * len(gl))
 
+    def _allreduce_pair(self, gl: list[int], pos: int, buf: np.ndarray, op: int) -> None:
+        """Two members: each stages its buffer round by round and reduces the other's copy into its
+        own. The operations are commutative (a + b and b + a are the same bits), so both end alike;
+        it is as much work as slicing for two, with fewer steps."""
+        q = gl[1 - pos]
+        base, bases = self.rounds[q], [self.rounds[r] for r in gl]
+        pe = self.layout.slot_bytes // buf.itemsize
+        total_rounds = math.ceil(buf.size / pe)
+        typed = self._typed(buf.dtype)
+        mine, theirs = typed[self.me][0], typed[q][0]
+
+        def stage(r: int) -> None:
+            self._slot(r % DEPTH)  # waits until its previous readers are done
+            chunk = buf[r * pe: (r + 1) * pe]
+            np.copyto(mine[r % DEPTH][: chunk.size], chunk)
+            self.slot_readers[r % DEPTH] = [(q, base + r + 1)]
+
+        stage(0)
+        self._progress(gl, bases, 1, 0, 0)
+        for r in range(total_rounds):
+            if r + 1 < total_rounds:
+                stage(r + 1)
+            self._wait(q, STAGED, base + r + 1)
+            chunk = buf[r * pe: (r + 1) * pe]
+            reduce_into(chunk, theirs[r % DEPTH][: chunk.size], op)
+            self._progress(gl, bases, min(r + 2, total_rounds), 0, r + 1)
+        self._finish(gl, bases, [total_rounds] * 2)
+
     def _sliced(self, gl: list[int], pos: int, buf: np.ndarray, out: np.ndarray | None, counts: Sequence[int],
                 op: int) -> None:
         """Reduce `buf` slice by slice: member i reduces slice i (counts[i] elements).
 
         With `out` None (allreduce) every member then copies the others' reduced slices into `buf`;
-        otherwise (reducescatter) our reduced slice goes to `out` and that is all."""
-        me, n, dtype = self.me, len(gl), buf.dtype
-        item = dtype.itemsize
-        piece_bytes = min(PIECE_BYTES, self.layout.slot_bytes // n) // 64 * 64
-        pe = piece_bytes // item
+        otherwise (reducescatter) our reduced slice goes to `out` and that is all. Round r stages
+        piece r of every slice; our progress (staged, reduced, consumed) goes out once per round.
+        """
+        n, dtype = len(gl), buf.dtype
+        pe = min(PIECE_BYTES, self.layout.slot_bytes // n) // 64 * 64 // dtype.itemsize  # elements a piece
         offs = _offsets(counts)
         total_rounds = max(math.ceil(c / pe) for c in counts)
         if total_rounds == 0:
@@ -624,41 +666,51 @@ class SharedMemory:
         peers = [(i, q) for i, q in enumerate(gl) if i != pos]
         gather = out is None
         desc = self._descriptor(buf)
+        typed = self._typed(dtype)
+        own_slots = typed[self.me][0]
+        peer_desc = [0] * n
+        lows = [offs[i] for i in range(n)]
+        ends = [offs[i] + counts[i] for i in range(n)]
 
         def piece(i: int, r: int) -> tuple[int, int]:
-            return offs[i] + min(r * pe, counts[i]), offs[i] + min((r + 1) * pe, counts[i])
+            lo = lows[i] + r * pe
+            return min(lo, ends[i]), min(lo + pe, ends[i])
+
+        def source(i: int, q: int, owner: int, r: int, lo: int, hi: int) -> np.ndarray:
+            """Rank q's piece r of slice `owner` (staged at position `owner`, or in its fusion buffer)."""
+            if peer_desc[i]:
+                at = (peer_desc[i] - 1) // dtype.itemsize + lo
+                return typed[q][1][at: at + hi - lo]
+            at = owner * pe
+            return typed[q][0][r % DEPTH][at: at + hi - lo]
 
         def stage(r: int) -> None:
-            s = r % DEPTH
-            slot = self._slot(s)
+            self._slot(r % DEPTH)  # waits until its previous readers are done
             if r == 0:
                 self.mine.slot_desc[0] = desc
             if not desc:
+                slot = own_slots[r % DEPTH]
                 for i in range(n):
                     lo, hi = piece(i, r)
                     if i != pos and hi > lo:
-                        np.copyto(slot[i * piece_bytes: i * piece_bytes + (hi - lo) * item].view(dtype), buf[lo:hi])
-            self.slot_readers[s] = [(q, bases[i] + r + 1) for i, q in peers]
-
-        peer_desc = [0] * n
+                        np.copyto(slot[i * pe: i * pe + hi - lo], buf[lo:hi])
+            self.slot_readers[r % DEPTH] = [(q, bases[i] + r + 1) for i, q in peers]
 
         def gather_round(r: int) -> None:
             for i, q in peers:
                 lo, hi = piece(i, r)
                 self._wait(q, REDUCED, bases[i] + r + 1)
                 if hi > lo:
-                    np.copyto(buf[lo:hi], self._view(q, peer_desc[i], r % DEPTH, i * piece_bytes, lo, hi - lo, dtype))
-            self._publish(CONSUMED, gl, bases, r + 1)
+                    np.copyto(buf[lo:hi], source(i, q, i, r, lo, hi))
 
         stage(0)
-        if desc:  # the whole buffer is readable at once; slot 0 only carries the descriptor
-            self._publish(STAGED, gl, bases, total_rounds)
-        else:
-            self._publish(STAGED, gl, bases, 1)
+        staged = total_rounds if desc else 1  # with a descriptor, the whole buffer is readable at once
+        consumed = 0
+        self._progress(gl, bases, staged, 0, 0)
         for r in range(total_rounds):
             if not desc and r + 1 < total_rounds:
                 stage(r + 1)
-                self._publish(STAGED, gl, bases, r + 2)
+                staged = r + 2
             lo, hi = piece(pos, r)
             target = buf[lo:hi] if gather else out[lo - offs[pos]: hi - offs[pos]]
             if not gather and hi > lo:
@@ -668,19 +720,19 @@ class SharedMemory:
                 if r == 0:
                     peer_desc[i] = self.segments[q].slot_desc[0]
                 if hi > lo:
-                    reduce_into(target, self._view(q, peer_desc[i], r % DEPTH, pos * piece_bytes, lo, hi - lo, dtype),
-                                op)
-            if gather:
-                if not desc and hi > lo:
-                    np.copyto(self.mine.slots[r % DEPTH][pos * piece_bytes: pos * piece_bytes + (hi - lo) * item]
-                              .view(dtype), target)
-                self._publish(REDUCED, gl, bases, r + 1)
-                if r:
-                    gather_round(r - 1)
-            else:
-                self._publish(CONSUMED, gl, bases, r + 1)
+                    reduce_into(target, source(i, q, pos, r, lo, hi), op)
+            if gather and not desc and hi > lo:
+                np.copyto(own_slots[r % DEPTH][pos * pe: pos * pe + hi - lo], target)
+            # Consumption is reported a round late; DEPTH >= 3 keeps that from stalling stage().
+            self._progress(gl, bases, staged, r + 1 if gather else 0, consumed)
+            if not gather:
+                consumed = r + 1
+            elif r:
+                gather_round(r - 1)
+                consumed = r
         if gather:
             gather_round(total_rounds - 1)
+        self._progress(gl, bases, staged, total_rounds if gather else 0, total_rounds)
         if desc:  # peers read our buffer in place: the caller may change it only once they are done
             for i, q in peers:
                 self._wait(q, CONSUMED, bases[i] + total_rounds)
