@@ -198,6 +198,11 @@ def train(opt_factory, steps, passes=1, distributed=None, model_seed=0):
 @pytest.fixture
 def hooks_at_size_one(monkeypatch):
     monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    yield
+    # A test may drop an optimizer whose gradient allreduces are still in flight; restart so the
+    # next test's identically named ops never meet them.
+    hvd.shutdown()
+    hvd.init()
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"backward_passes_per_step": 2}, {"groups": 2},
