@@ -167,7 +167,7 @@ def synchronize(handle: int) -> Any:
     return None if pending is None else pending.wait()
 
 
-# -- argument conventions ---------------------------------------------------------------------------
+# -- helpers -------------------------------------------------------------------------------------------------
 def _members(process_set: ProcessSet) -> list[int]:
     process_set._require_registered()
     return process_set.ranks

@@ -49,6 +49,32 @@ for dt in DTYPES:
         same(f"reducescatter {k}", hvd.reducescatter(mine, op=hvd.Sum), block)
         same(f"grouped_reducescatter {k}", hvd.grouped_reducescatter([mine], op=hvd.Sum)[0], block)
 
+pair = [torch.ones(2) * (r + 1), torch.ones(1) * (r + 1)]
+res = hvd.grouped_allreduce_(pair, op=hvd.Sum)
+same("grouped_allreduce_", pair[1], torch.full((1,), 3.0))
+report(grouped_inplace_returns_inputs=all(a is b for a, b in zip(res, pair)))
+
+# -- lifecycle, topology, build queries, timeline
+import json, os, tempfile
+try:
+    hvd.mpi_threads_supported()
+    mpi_threads = "no error"
+except ValueError as exc:
+    mpi_threads = str(exc)
+report(topology=[hvd.is_initialized(), hvd.size(), hvd.local_size(), hvd.local_rank() == r, hvd.cross_size(),
+                 hvd.cross_rank(), hvd.is_homogeneous()],
+       built=[hvd.gloo_built(), hvd.gloo_enabled(), hvd.mpi_enabled(), hvd.nccl_built(), hvd.cuda_built(),
+              hvd.rocm_built(), hvd.ddl_built(), hvd.ccl_built(), isinstance(hvd.mpi_built(), bool)],
+       mpi_threads=mpi_threads)
+timeline = os.path.join(tempfile.gettempdir(), f"khorovod-torch-timeline-{os.getppid()}.json")
+hvd.start_timeline(timeline)
+hvd.allreduce(torch.ones(3), name="in.the.timeline")
+hvd.stop_timeline()
+if r == 0:
+    with open(timeline) as f:
+        report(timeline_has_op="allreduce.in.the.timeline" in f.read())
+    os.remove(timeline)
+
 # -- async forms and integer handles
 x = torch.full((4,), float(r + 1))
 h = hvd.allreduce_async(x, name="async.x")
@@ -151,9 +177,21 @@ errors = {
     "dtype_unsupported": error_of(lambda: hvd.broadcast(torch.ones(2, dtype=torch.complex64), 0)),
     "average_and_op": error_of(lambda: hvd.allreduce(torch.ones(2), average=True, op=hvd.Sum)),
 }
-first = hvd.allreduce_async(torch.ones(2), name="twice")
-errors["duplicate"] = error_of(lambda: hvd.allreduce_async(torch.ones(2), name="twice"))
+# A name still in flight cannot be reused. Each rank tries while its peer provably has not
+# submitted yet (the peer waits in a broadcast), so the op cannot have completed.
+mine, theirs = ("twice.a", "twice.b") if r == 0 else ("twice.b", "twice.a")
+if r == 1:
+    hvd.broadcast_object(None, root_rank=0, name="go1")
+first = hvd.allreduce_async(torch.ones(2), name=mine)
+errors["duplicate"] = error_of(lambda: hvd.allreduce_async(torch.ones(2), name=mine))
+if r == 0:
+    hvd.broadcast_object(None, root_rank=0, name="go1")
+    hvd.broadcast_object(None, root_rank=1, name="go2")
+else:
+    hvd.broadcast_object(None, root_rank=1, name="go2")
+second = hvd.allreduce_async(torch.ones(2), name=theirs)
 hvd.synchronize(first)
+hvd.synchronize(second)
 same("still works after errors", hvd.allreduce(torch.ones(2), op=hvd.Sum), torch.full((2,), 2.0))
 report(errors=errors)
 
@@ -184,6 +222,16 @@ def test_objects_and_process_sets(result):
         assert result.ranks[rank]["from_root_only"] == [1, 2]  # the others pass None: no name mismatch
         assert result.ranks[rank]["mixed_types"] == [0, "one"]
     assert "not a member" in result.ranks[1]["non_member"]
+
+
+def test_lifecycle_topology_build_queries_and_timeline(result):
+    for rank in (0, 1):
+        got = result.ranks[rank]
+        assert got["topology"] == [True, 2, 2, True, 1, 0, True]
+        assert got["built"] == [True, True, False, 0, False, False, False, False, True]
+        assert "MPI" in got["mpi_threads"]
+        assert got["grouped_inplace_returns_inputs"]
+    assert result.ranks[0]["timeline_has_op"]
 
 
 def test_join_returns_the_same_rank_everywhere(result):
