@@ -188,12 +188,18 @@ class _DistributedOptimizer:
 
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         """Synchronize (unless inside `skip_synchronize()`), then run the wrapped step. A step
-        right after an explicit `synchronize()` uses the gradients already averaged."""
+        right after an explicit `synchronize()` uses the gradients already averaged.
+
+        A rank that ran no backward since its last step still reduces (its gradients, zeros
+        where there are none), so ranks that skip a batch never leave the others waiting."""
         if self._should_synchronize:
             self.synchronize()
-        if closure is None:
-            return self._optimizer.step(**kwargs)
-        return self._optimizer.step(closure, **kwargs)
+        try:
+            if closure is None:
+                return self._optimizer.step(**kwargs)
+            return self._optimizer.step(closure, **kwargs)
+        finally:
+            self._synchronized = False
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._inflight:

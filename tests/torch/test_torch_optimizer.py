@@ -104,6 +104,13 @@ for step in range(3):
     opt.step()
 report(unused_agree=agree(model))
 
+# A rank with no batch this step runs no backward but still steps: it reduces zeros, nobody hangs.
+opt.zero_grad()
+if r == 0:
+    trunk(torch.randn(4, 3)).sum().backward()
+opt.step()
+report(skipped_backward_agree=agree(model))
+
 # Gradient clipping between synchronize() and step(), Horovod's documented pattern.
 opt.zero_grad()
 trunk(torch.randn(4, 3) * (r + 1)).sum().backward()
@@ -147,7 +154,7 @@ def test_optimizer_behaviour_on_two_ranks():
     result = hvdrun(BEHAVIOUR, np=2, timeout=120).check()
     for rank in (0, 1):
         got = result.ranks[rank]
-        assert got["unused_agree"] and got["clip_agree"]
+        assert got["unused_agree"] and got["clip_agree"] and got["skipped_backward_agree"]
         assert "more than backward_passes_per_step=1" in got["too_many"]
         assert got["solo_ok"]
         # rows 0 and 1 are each used by one rank (grad 1, averaged 0.5); row 4 by both (grad 1)
