@@ -271,17 +271,30 @@ def test_zero_grad_while_reducing_is_refused(hooks_at_size_one):
     opt.zero_grad()
 
 
-def test_skip_synchronize_and_explicit_synchronize(hooks_at_size_one):
+def test_skip_synchronize_and_explicit_synchronize(hooks_at_size_one, monkeypatch):
+    from horovod.torch import optimizer as optimizer_module
+
+    launches = []
+    real_start = optimizer_module._start
+    monkeypatch.setattr(optimizer_module, "_start", lambda *a, **k: launches.append(1) or real_start(*a, **k))
     model = make_model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     model(torch.randn(2, 4)).sum().backward()
     opt.synchronize()
+    assert len(launches) == 4
     torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
     clipped = [p.grad.clone() for p in model.parameters()]
+    opt.step()  # already reduced: steps with the clipped gradients, no second reduction
+    assert len(launches) == 4
+    assert all(torch.equal(c, p.grad) for c, p in zip(clipped, model.parameters()))
+    opt.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    opt.synchronize()
     with opt.skip_synchronize():
         opt.step()
-    assert all(torch.equal(c, p.grad) for c, p in zip(clipped, model.parameters()))
-    opt.step()  # after synchronize(): uses the gradients already averaged, no second reduction
+    assert len(launches) == 8
+    opt.step()  # no backward since the last step: reduces again, as every rank must
+    assert len(launches) == 12
 
 
 def test_sparse_gradients(hooks_at_size_one):
