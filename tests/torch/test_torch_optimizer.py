@@ -111,6 +111,16 @@ if r == 0:
 opt.step()
 report(skipped_backward_agree=agree(model))
 
+# Uneven shards: rank 0 has one batch more; rank 1 joins early and contributes zeros meanwhile.
+torch.manual_seed(2)
+lone = torch.nn.Linear(3, 1)
+jopt = hvd.DistributedOptimizer(torch.optim.SGD(lone.parameters(), lr=0.1), named_parameters=lone.named_parameters())
+for _ in range(3 if r == 0 else 2):
+    jopt.zero_grad()
+    lone(torch.ones(2, 3)).sum().backward()
+    jopt.step()
+report(joined_last=hvd.join(), joined_bias=lone.bias.item())
+
 # Gradient clipping between synchronize() and step(), Horovod's documented pattern.
 opt.zero_grad()
 trunk(torch.randn(4, 3) * (r + 1)).sum().backward()
@@ -157,10 +167,15 @@ def test_optimizer_behaviour_on_two_ranks():
         assert got["unused_agree"] and got["clip_agree"] and got["skipped_backward_agree"]
         assert "more than backward_passes_per_step=1" in got["too_many"]
         assert got["solo_ok"]
+        assert got["joined_last"] == 0
         # rows 0 and 1 are each used by one rank (grad 1, averaged 0.5); row 4 by both (grad 1)
         for key in ("sparse_False", "sparse_True"):
             assert got[key] == result.ranks[0][key]
         assert result.ranks[0]["sparse_False"] == pytest.approx(result.ranks[0]["sparse_True"])
+    # the bias gradient is 2 (batch of two): two steps together, then one with rank 1 joined
+    # (2 + 0, averaged over both ranks: 1)
+    start = result.ranks[1]["joined_bias"] + 0.1 * 2 * 2
+    assert result.ranks[0]["joined_bias"] == pytest.approx(start - 0.1 * (2 * 2 + 1))
 
 
 BROADCASTS = r'''
