@@ -800,34 +800,46 @@ class SharedMemory:
     def alltoallv(self, group: Sequence[int], send: np.ndarray, send_counts: Sequence[int], recv: np.ndarray,
                   recv_counts: Sequence[int]) -> None:
         gl, pos = self.group(group)
-        n, dtype, item = len(gl), recv.dtype, recv.itemsize
-        piece_bytes = self.layout.slot_bytes // n // 64 * 64
-        pe = piece_bytes // item
+        n = len(gl)
         s_offs, r_offs = _offsets(send_counts), _offsets(recv_counts)
         np.copyto(recv[r_offs[pos]: r_offs[pos] + recv_counts[pos]], send[s_offs[pos]: s_offs[pos] + send_counts[pos]])
+        if n == 1:
+            return
+        # A round's slot holds one piece for each other member, in member order without us.
+        pe = self.layout.slot_bytes // (n - 1) // 64 * 64 // recv.itemsize
         # Each pair agrees on its own number of rounds: enough for the larger of its two blocks.
         pair_rounds = [0 if i == pos else math.ceil(max(send_counts[i], recv_counts[i]) / pe) for i in range(n)]
         bases = [self.rounds[q] for q in gl]
         peers = [(i, q) for i, q in enumerate(gl) if i != pos]
-        for r in range(max(pair_rounds)):
-            active = [(i, q) for i, q in peers if r < pair_rounds[i]]
-            slot = self._slot(r % DEPTH)
-            for i, _ in active:
+        typed = self._typed(recv.dtype)
+
+        def active(r: int) -> list[tuple[int, int]]:
+            return [(i, q) for i, q in peers if r < pair_rounds[i]]
+
+        def stage(r: int) -> None:
+            self._slot(r % DEPTH)  # waits until its previous readers are done
+            slot = typed[self.me][0][r % DEPTH]
+            now = active(r)
+            for i, _ in now:
                 lo, hi = min(r * pe, send_counts[i]), min((r + 1) * pe, send_counts[i])
-                if hi > lo:
-                    np.copyto(slot[i * piece_bytes: i * piece_bytes + (hi - lo) * item].view(dtype),
-                              send[s_offs[i] + lo: s_offs[i] + hi])
-            self.slot_readers[r % DEPTH] = [(q, bases[i] + r + 1) for i, q in active]
-            act_gl, act_bases = [q for _, q in active], [bases[i] for i, _ in active]
-            self._publish(STAGED, act_gl, act_bases, r + 1)
-            for i, q in active:
+                at = (i if i < pos else i - 1) * pe
+                np.copyto(slot[at: at + hi - lo], send[s_offs[i] + lo: s_offs[i] + hi])
+            self.slot_readers[r % DEPTH] = [(q, bases[i] + r + 1) for i, q in now]
+            self._publish(STAGED, [q for _, q in now], [bases[i] for i, _ in now], r + 1)
+
+        total_rounds = max(pair_rounds)
+        if total_rounds:
+            stage(0)
+        for r in range(total_rounds):
+            if r + 1 < total_rounds:
+                stage(r + 1)
+            now = active(r)
+            for i, q in now:
                 lo, hi = min(r * pe, recv_counts[i]), min((r + 1) * pe, recv_counts[i])
                 self._wait(q, STAGED, bases[i] + r + 1)
-                if hi > lo:
-                    np.copyto(recv[r_offs[i] + lo: r_offs[i] + hi],
-                              self.segments[q].slots[r % DEPTH][pos * piece_bytes: pos * piece_bytes + (hi - lo) * item]
-                              .view(dtype))
-            self._publish(CONSUMED, act_gl, act_bases, r + 1)
+                at = (pos if pos < i else pos - 1) * pe
+                np.copyto(recv[r_offs[i] + lo: r_offs[i] + hi], typed[q][0][r % DEPTH][at: at + hi - lo])
+            self._publish(CONSUMED, [q for _, q in now], [bases[i] for i, _ in now], r + 1)
         self._finish(gl, bases, pair_rounds)
 
 
