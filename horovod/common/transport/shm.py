@@ -12,18 +12,24 @@ SIGKILL). A segment holds, in this order:
                    in place, so packing is the only copy
 
 Data plane. A collective runs in *rounds*. In round r a rank stages, into its slot r % DEPTH, the
-r-th piece of what its peers need, and reads what it needs from theirs. An allreduce gives every
-member one slice of the buffer: the member reduces its slice's piece from every peer, publishes
-the result, and copies the other members' reduced pieces. Work and memory traffic split evenly,
-and pieces pipeline. Small allreduces take a shortcut: everyone stages the whole buffer once and
-reduces all of it locally, in member order, so every rank computes the same bits.
+r-th piece of what its peers need, and reads what it needs from theirs, one round behind, so
+staging and reading overlap. Allreduce:
+- two members: each stages its buffer and reduces the other's staged copy into its own. The
+  operations are commutative, so both hold the same bits; this is as much memory traffic as
+  slicing, in fewer steps.
+- more members, or a buffer in the fusion region: every member owns one slice; it reduces its
+  slice's piece from every peer (reading a fusion-region buffer in place), publishes the result,
+  and copies the others' reduced pieces. Work and traffic split evenly.
+- up to SMALL_ALLREDUCE_BYTES: everyone stages the whole buffer once and reduces all of it, in
+  member order, so every rank computes the same bits with a single synchronisation.
 
 Signalling. Progress is published as monotonic counters, one per ordered pair of ranks and kind.
 Both ranks of a pair run the same collectives in the same order and agree on how many rounds each
 takes, so no counter needs to say which collective it belongs to. A waiting rank spins briefly
-(only when every local rank has a core of its own), then sleeps on a datagram socket its peers
-ring when they publish and see it asleep. The TCP mesh stays up underneath: a dead peer's socket
-reaches EOF, which wakes the waiter and names the peer.
+(only when every local rank has a core of its own, and not while spins keep failing), then
+sleeps on a datagram socket; a peer that publishes what it sleeps on rings it. The TCP mesh stays
+up underneath: a peer that dies closes its connections, which wakes every waiter, and
+`tcp.DeathWatch` names the rank that failed first.
 
 Ordering relies on stores becoming visible in program order (x86-64 and the fences below); each
 counter is an aligned 8-byte word with a single writer.
