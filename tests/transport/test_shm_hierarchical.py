@@ -25,7 +25,7 @@ sets = [ProcessSet([0, n_env - 1]), ProcessSet(list(range(n_env - 1)))] if n_env
 hvd.init(process_sets=sets)
 r, n = hvd.rank(), hvd.size()
 tr = basics.runtime().transport
-problems, digests, tcp_groups, shm_calls = [], [], set(), [0]
+problems, digests, tcp_groups, tcp_gather_groups, shm_calls = [], [], set(), set(), [0]
 
 tcp = getattr(tr, "tcp", None)
 if tcp is not None:
@@ -34,6 +34,11 @@ if tcp is not None:
         tcp_groups.add(tuple(group))
         real_tcp_allreduce(group, buf, op)
     tcp.allreduce = spy_tcp
+    real_tcp_allgatherv = tcp.allgatherv
+    def spy_tcp_gather(group, *args):
+        tcp_gather_groups.add(tuple(group))
+        real_tcp_allgatherv(group, *args)
+    tcp.allgatherv = spy_tcp_gather
 if getattr(tr, "shm", None) is not None:  # count reductions through shared memory
     for method in ("allreduce", "reducescatter"):
         def spy_shm(*args, real=getattr(tr.shm, method)):
@@ -120,6 +125,7 @@ for ps in sets:
     expect("global between sets", hvd.allreduce(np.ones(10), op=hvd.Sum, name="between"), np.full(10, float(n)))
 
 report(problems=problems, digests=digests[:record], transport=tr.name, tcp_groups=sorted(tcp_groups),
+       tcp_gather_groups=sorted(tcp_gather_groups),
        shm_calls=shm_calls[0], shm=getattr(tr, "shm", None) is not None)
 '''
 
@@ -130,7 +136,7 @@ TWO_HOSTS = ["-H", "localhost:2,127.0.0.1:2"]
     (2, [], {}, "shm"),
     (3, [], {}, "shm"),
     (4, [], {}, "shm"),
-    (4, TWO_HOSTS, {}, "hierarchical"),
+    (4, TWO_HOSTS, {"HOROVOD_HIERARCHICAL_ALLGATHER": "1"}, "hierarchical"),
     (4, TWO_HOSTS, {"HOROVOD_HIERARCHICAL_ALLREDUCE": "0", "HOROVOD_HIERARCHICAL_ALLGATHER": "0"}, "hierarchical"),
     (3, ["-H", "localhost:2,127.0.0.1:1"], {"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}, "hierarchical"),
     (3, [], {"HOROVOD_CPU_OPERATIONS": "tcp"}, "tcp"),
@@ -150,11 +156,13 @@ def test_every_collective_is_exact_and_identical_everywhere(np_, args, env, tran
     if env.get("BREAK_SHM"):
         assert not any(v["shm"] for v in by_rank.values())
         assert "shared memory is unavailable" in result.stderr + result.stdout
-    if args == TWO_HOSTS and not env:
+    if args == TWO_HOSTS and "HOROVOD_HIERARCHICAL_ALLREDUCE" not in env:
         # Hierarchical: the global set's TCP rings run between the ranks at the same local position
         # (sets with one member per host, or uneven ones, take the flat ring).
         groups = {rank: {tuple(g) for g in v["tcp_groups"]} for rank, v in by_rank.items()}
         assert (0, 2) in groups[0] and (1, 3) in groups[1] and (0, 1, 2, 3) not in groups[0]
+        gathers = {tuple(g) for g in by_rank[0]["tcp_gather_groups"]}
+        assert (0, 2) in gathers and (0, 1, 2, 3) not in gathers  # asked for: hierarchical allgather
         assert all(v["shm_calls"] > 0 for v in by_rank.values())
     if env.get("HOROVOD_HIERARCHICAL_ALLREDUCE") == "0":
         assert (0, 1, 2, 3) in {tuple(g) for g in by_rank[0]["tcp_groups"]}
