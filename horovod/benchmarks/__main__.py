@@ -230,6 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     with open(out, "w") as f:
         json.dump(info, f, indent=1)
     print(f"results: {out}")
+    tables = [f"### {op}, {args.np} ranks\n\n{report.markdown(op, per_system, args.np)}"
+              for op, per_system in summaries["bandwidth"].items()]
+    tables += [f"### latency (allreduce), {args.np} ranks\n\n{report.markdown(op, per_system, args.np, latency=True)}"
+               for op, per_system in summaries["latency"].items()]
+    if tables:
+        with open(os.path.join(args.out_dir, "tables.md"), "w") as f:
+            f.write("\n\n".join(tables) + "\n")
+        print(f"markdown tables: {os.path.join(args.out_dir, 'tables.md')}")
     if summaries["bandwidth"]:
         m = info["machine"]
         title = f"{m['cpu']}, {m['cores']} cores; {args.np} ranks; load {info['load_before']} -> {info['load_after']}"

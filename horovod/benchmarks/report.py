@@ -88,6 +88,34 @@ def table(op: str, per_system: dict, ranks: int, ours: str = "khorovod", latency
     return "\n".join(lines)
 
 
+def markdown(op: str, per_system: dict, ranks: int, ours: str = "khorovod", latency: bool = False) -> str:
+    """The same comparison as `table`, as a Markdown table (for docs)."""
+    systems = list(per_system)
+    sizes = sorted({row["bytes"] for rows in per_system.values() for row in rows})
+    by = {s: {row["bytes"]: row for row in rows} for s, rows in per_system.items()}
+    peers = [s for s in systems if s != ours and ours in systems]
+    if latency:
+        head = ["size"] + [f"{s} median (min)" for s in systems] + [f"{ours} vs {p}" for p in peers]
+    else:
+        head = ["size"] + [f"{s} busbw GB/s (time)" for s in systems] + [f"{ours} vs {p}" for p in peers]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
+    for nbytes in sizes:
+        cells = [human_bytes(nbytes)]
+        for s in systems:
+            row = by[s].get(nbytes)
+            if row is None:
+                cells.append("-")
+            elif latency:
+                cells.append(f"{_time(row['median_s'])} ({_time(row['min_s'])})")
+            else:
+                cells.append(f"{row['busbw_GBps']:.2f} ({_time(row['median_s'])})")
+        for p in peers:
+            mine, theirs = by[ours].get(nbytes), by[p].get(nbytes)
+            cells.append(f"{theirs['median_s'] / mine['median_s']:.2f}x" if mine and theirs else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot(summary: dict, ranks: int, path: str, title: str) -> str:
     """Bus bandwidth against size, one panel per collective, one line per system. Returns a
     message saying where it went (or why there is no plot)."""

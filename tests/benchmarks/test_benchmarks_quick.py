@@ -23,6 +23,8 @@ def test_quick_allreduce_and_latency_write_their_json(tmp_path):
     assert all(row["busbw_GBps"] > 0 for row in bandwidth["broadcast"]["khorovod"])
     assert [row["bytes"] for row in result["summary"]["latency"]["allreduce"]["khorovod"]] == [4, 4096]
     assert "allreduce: 2 ranks" in proc.stdout and "latency (allreduce)" in proc.stdout
+    tables = (out / "tables.md").read_text()
+    assert "### allreduce, 2 ranks" in tables and "| 4 KiB |" in tables
 
 
 def test_sizes_factors_and_table():

@@ -71,6 +71,8 @@ CHANNEL_BYTES = 64 * 1024
 # Up to this size an allreduce stages the whole buffer once and every rank reduces all of it.
 SMALL_ALLREDUCE_BYTES = 64 * 1024
 SPIN_SECONDS = 20e-6
+# How long an idle engine that a peer calls into waits for its own next collective (see _grace).
+JOIN_GRACE_SECONDS = 200e-6
 _VIA_TCP = 1 << 63
 
 # Header words of the control block. _WAITING: 0 while awake, else what we sleep on,
@@ -929,6 +931,8 @@ class ShmTransport(Transport):
         if shm is None:
             return self.tcp.wait_for_activity(timeout, wake_fd)
         if shm.pending():
+            if timeout is None:
+                self._grace(wake_fd)
             return True
         if self._selector is None:
             import selectors
@@ -945,7 +949,18 @@ class ShmTransport(Transport):
         finally:
             shm.set_sleeping(False)
         shm.drain()
-        return shm.pending() or any(key.data is not None and key.data >= 0 for key, _ in events)
+        if not (shm.pending() or any(key.data is not None and key.data >= 0 for key, _ in events)):
+            return False
+        if timeout is None and not any(key.data is None for key, _ in events):
+            self._grace(wake_fd)
+        return True
+
+    @staticmethod
+    def _grace(wake_fd: int) -> None:
+        """A peer started a negotiation cycle while our engine was idle (timeout None: nothing of
+        ours is waiting). Our own next collective is most likely being submitted right now; a
+        cycle without it would achieve nothing and cost another. Give it a moment to arrive."""
+        select.select([wake_fd], [], [], JOIN_GRACE_SECONDS)
 
     def close(self) -> None:
         if self._selector is not None:
