@@ -78,7 +78,7 @@ _VIA_TCP = 1 << 63
 # Header words of the control block. _WAITING: 0 while awake, else what we sleep on,
 # kind << 16 | (local index of the peer + 1), with _ANY_PEER for "a message from anyone"; _TARGET:
 # the counter value we wait for; _BLAME: 1 + the rank our failure report named.
-_PID, _WAITING, _CLOSED, _BLAME, _TARGET = 0, 1, 2, 3, 4
+_WAITING, _CLOSED, _BLAME, _TARGET = 0, 1, 2, 3
 _ANY_PEER = 0xFFFF
 # After this many spins in a row that found nothing, skip spinning for a while (the machine is busy).
 _SPIN_MISSES, _SPIN_PAUSE = 8, 64
@@ -124,7 +124,6 @@ class _Layout:
     """Byte offsets inside a segment for `local_size` ranks and a fusion region of `fusion` bytes."""
 
     def __init__(self, local_size: int, fusion: int) -> None:
-        self.control = 0
         self.header_bytes = 8 * _HEADER_WORDS
         self.counters = self.header_bytes
         self.slot_desc = self.counters + 8 * _KINDS * local_size
@@ -161,11 +160,10 @@ class _Mapped:
                                      for s in range(2)])
             self.channel_data.append([view[base + s * CHANNEL_BYTES + 8: base + (s + 1) * CHANNEL_BYTES]
                                       for s in range(2)])
-        self.view = view
 
     def release(self) -> None:
         """Drop our references; the mapping goes when the last numpy view of it does."""
-        self.header = self.slot_desc = self.view = None  # type: ignore[assignment]
+        self.header = self.slot_desc = None  # type: ignore[assignment]
         self.counters, self.slots, self.channel_len, self.channel_data = [], [], [], []
         self.fusion = None  # type: ignore[assignment]
         try:
@@ -283,7 +281,6 @@ class SharedMemory:
         if problems:
             raise Unavailable("; ".join(problems))
         self.mine = self.segments[me]
-        self.mine.header[_PID] = os.getpid()
         if self.tcp.deaths is not None:
             self.tcp.deaths.listeners.append(self._wake_self)
             self.tcp.deaths.local_cause = self._blamed_by
@@ -374,12 +371,6 @@ class SharedMemory:
                                                 for seg in self.segments]
         return views
 
-    def _drain_bell(self) -> None:
-        try:
-            while True:
-                self._bell.recv(64)
-        except (BlockingIOError, InterruptedError):
-            pass
 
     def _wait(self, q: int, kind: int, target: int) -> None:
         """Block until local rank q's counter `kind` for us reaches `target`."""
@@ -443,7 +434,7 @@ class SharedMemory:
                 return
             events = poll.poll(1000)
             header[_WAITING] = 0
-            self._drain_bell()
+            self.drain()
             if counter[me] >= target:
                 return
             for fd, happened in events:
@@ -471,7 +462,12 @@ class SharedMemory:
         return self._bell
 
     def drain(self) -> None:
-        self._drain_bell()
+        """Empty our bell (its rings have done their job: we are awake)."""
+        try:
+            while True:
+                self.bell.recv(64)
+        except (BlockingIOError, InterruptedError):
+            pass
 
     def pending(self) -> bool:
         """True when a local peer has posted a control message we have not read yet."""
@@ -549,11 +545,10 @@ class SharedMemory:
         return payload
 
     # -- data plane: helpers ----------------------------------------------------------------
-    def _slot(self, s: int) -> np.ndarray:
-        """Our slot s, once every reader of its previous contents has finished with it."""
+    def _reuse(self, s: int) -> None:
+        """Wait until every reader of our slot s's previous contents has finished with it."""
         for q, target in self.slot_readers[s]:
             self._wait(q, CONSUMED, target)
-        return self.mine.slots[s]
 
     def _finish(self, gl: Sequence[int], bases: Sequence[int], rounds: Sequence[int]) -> None:
         """Close the collective: every counter of every pair ends at base + rounds."""
@@ -608,8 +603,9 @@ class SharedMemory:
 
     def _allreduce_whole(self, gl: list[int], pos: int, buf: np.ndarray, op: int) -> None:
         """Everyone stages its whole buffer; everyone reduces all of it in member order."""
-        me, bases = self.me, [self.rounds[q] for q in gl]
-        own = self._slot(0)[: buf.nbytes].view(buf.dtype)
+        me, bases, typed = self.me, [self.rounds[q] for q in gl], self._typed(buf.dtype)
+        self._reuse(0)
+        own = typed[me][0][0][: buf.size]
         np.copyto(own, buf)
         self.mine.slot_desc[0] = 0
         self.slot_readers[0] = [(q, b + 1) for q, b in zip(gl, bases) if q != me]
@@ -619,7 +615,7 @@ class SharedMemory:
                 src = own
             else:
                 self._wait(q, STAGED, bases[i] + 1)
-                src = self.segments[q].slots[0][: buf.nbytes].view(buf.dtype)
+                src = typed[q][0][0][: buf.size]
             if i == 0:
                 if pos != 0:
                     np.copyto(buf, src)
@@ -640,7 +636,7 @@ class SharedMemory:
         mine, theirs = typed[self.me][0], typed[q][0]
 
         def stage(r: int) -> None:
-            self._slot(r % DEPTH)  # waits until its previous readers are done
+            self._reuse(r % DEPTH)
             chunk = buf[r * pe: (r + 1) * pe]
             np.copyto(mine[r % DEPTH][: chunk.size], chunk)
             self.slot_readers[r % DEPTH] = [(q, base + r + 1)]
@@ -693,7 +689,7 @@ class SharedMemory:
             return typed[q][0][r % DEPTH][at: at + hi - lo]
 
         def stage(r: int) -> None:
-            self._slot(r % DEPTH)  # waits until its previous readers are done
+            self._reuse(r % DEPTH)
             if r == 0:
                 self.mine.slot_desc[0] = desc
             if not desc:
@@ -748,8 +744,7 @@ class SharedMemory:
 
     def allgatherv(self, group: Sequence[int], send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:
         gl, pos = self.group(group)
-        dtype, item = recv.dtype, recv.itemsize
-        pe = self.layout.slot_bytes // item
+        pe = self.layout.slot_bytes // recv.itemsize
         offs = _offsets(counts)
         if offs[-1] + counts[-1] != recv.size:
             raise ValueError(f"segment counts sum to {sum(counts)}, buffer holds {recv.size}")
@@ -759,11 +754,12 @@ class SharedMemory:
         total_rounds = max(math.ceil(c / pe) for c in counts)
         bases = [self.rounds[q] for q in gl]
         peers = [(i, q) for i, q in enumerate(gl) if i != pos]
+        typed = self._typed(recv.dtype)
 
         def stage(r: int) -> None:
-            slot = self._slot(r % DEPTH)
+            self._reuse(r % DEPTH)
             chunk = send[r * pe: min((r + 1) * pe, counts[pos])]
-            np.copyto(slot[: chunk.nbytes].view(dtype), chunk)
+            np.copyto(typed[self.me][0][r % DEPTH][: chunk.size], chunk)
             self.slot_readers[r % DEPTH] = [(q, bases[i] + r + 1) for i, q in peers]
             self._publish(STAGED, gl, bases, r + 1)
 
@@ -775,17 +771,15 @@ class SharedMemory:
             for i, q in peers:
                 lo, hi = min(r * pe, counts[i]), min((r + 1) * pe, counts[i])
                 self._wait(q, STAGED, bases[i] + r + 1)
-                if hi > lo:
-                    np.copyto(recv[offs[i] + lo: offs[i] + hi], self.segments[q].slots[r % DEPTH][: (hi - lo) * item]
-                              .view(dtype))
+                np.copyto(recv[offs[i] + lo: offs[i] + hi], typed[q][0][r % DEPTH][: hi - lo])
             self._publish(CONSUMED, gl, bases, r + 1)
         self._finish(gl, bases, [total_rounds] * len(gl))
 
     def broadcast(self, group: Sequence[int], buf: np.ndarray, root: int) -> None:
         gl, pos = self.group(group)
-        dtype, item = buf.dtype, buf.itemsize
-        pe = self.layout.slot_bytes // item
+        pe = self.layout.slot_bytes // buf.itemsize
         total_rounds = math.ceil(buf.size / pe)
+        typed = self._typed(buf.dtype)
         bases = [self.rounds[q] for q in gl]
         r_idx = self.index[root]
         r_pos = gl.index(r_idx)
@@ -793,15 +787,15 @@ class SharedMemory:
             readers = [(q, b) for q, b in zip(gl, bases) if q != self.me]
             for r in range(total_rounds):
                 chunk = buf[r * pe: (r + 1) * pe]
-                slot = self._slot(r % DEPTH)
-                np.copyto(slot[: chunk.nbytes].view(dtype), chunk)
+                self._reuse(r % DEPTH)
+                np.copyto(typed[self.me][0][r % DEPTH][: chunk.size], chunk)
                 self.slot_readers[r % DEPTH] = [(q, b + r + 1) for q, b in readers]
                 self._publish(STAGED, gl, bases, r + 1)
         else:
             for r in range(total_rounds):
                 chunk = buf[r * pe: (r + 1) * pe]
                 self._wait(r_idx, STAGED, bases[r_pos] + r + 1)
-                np.copyto(chunk, self.segments[r_idx].slots[r % DEPTH][: chunk.nbytes].view(dtype))
+                np.copyto(chunk, typed[r_idx][0][r % DEPTH][: chunk.size])
                 self._publish(CONSUMED, (r_idx,), (bases[r_pos],), r + 1)
         self._finish(gl, bases, [total_rounds] * len(gl))
 
@@ -825,7 +819,7 @@ class SharedMemory:
             return [(i, q) for i, q in peers if r < pair_rounds[i]]
 
         def stage(r: int) -> None:
-            self._slot(r % DEPTH)  # waits until its previous readers are done
+            self._reuse(r % DEPTH)
             slot = typed[self.me][0][r % DEPTH]
             now = active(r)
             for i, _ in now:
