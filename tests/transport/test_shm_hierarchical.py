@@ -98,6 +98,11 @@ fused = hvd.grouped_allreduce([np.full(s, r + 1, np.int64) for s in shapes], op=
 for s, got in zip(shapes, fused):
     expect(f"fused sum {s}", got, np.full(s, n * (n + 1) // 2, np.int64))
 
+# Negotiation messages above a mailbox (64 KiB: 1500 long names) travel over TCP instead.
+many = hvd.grouped_allreduce([np.full(2, r + k, np.int32) for k in range(1500)], op=hvd.Sum,
+                             name="a_rather_long_name_for_every_tensor_of_this_group")
+expect("1500 tensors", np.stack(many), np.stack([np.full(2, sum(range(n)) + n * k, np.int32) for k in range(1500)]))
+
 # Uneven everything, several rounds each.
 rows = 2 * n + 1
 full = np.arange(rows * 100_003, dtype=np.float64).reshape(rows, 100_003) % 11

@@ -607,7 +607,6 @@ class SharedMemory:
         self._reuse(0)
         own = typed[me][0][0][: buf.size]
         np.copyto(own, buf)
-        self.mine.slot_desc[0] = 0
         self.slot_readers[0] = [(q, b + 1) for q, b in zip(gl, bases) if q != me]
         self._publish(STAGED, gl, bases, 1)
         for i, q in enumerate(gl):
