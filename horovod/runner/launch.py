@@ -119,7 +119,8 @@ def make_parser() -> argparse.ArgumentParser:
         "(HOROVOD_CACHE_CAPACITY). 0 disables the cache. Default: 1024.")
     _add_switch(group, "--hierarchical-allreduce", "--no-hierarchical-allreduce",
                 "Allreduce within each host first, then across hosts "
-                "(HOROVOD_HIERARCHICAL_ALLREDUCE=1). Default: off.",
+                "(HOROVOD_HIERARCHICAL_ALLREDUCE=1). Default: on when the ranks span several "
+                "hosts with the same number on each.",
                 "Pin hierarchical allreduce off (HOROVOD_HIERARCHICAL_ALLREDUCE=0), so autotune "
                 "does not try it.")
     _add_switch(group, "--hierarchical-allgather", "--no-hierarchical-allgather",
