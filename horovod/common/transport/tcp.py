@@ -34,7 +34,7 @@ DIRECT_ALLREDUCE_BYTES = 256 * 1024
 RING_CHUNK_BYTES = 1024 * 1024
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 # poll() events of a connection whose other end closed or broke (POLLRDHUP: Linux only).
-HANGUP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
+HANGUP = getattr(select, "POLLRDHUP", 0) | getattr(select, "POLLHUP", 0) | getattr(select, "POLLERR", 0)
 CLOSED_BY_PEER = "closed its connection (its process exited or crashed)"
 
 
