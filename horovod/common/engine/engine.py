@@ -176,7 +176,8 @@ class Engine:
             os.close(self._wake_w)
 
     def _die(self, message: str) -> None:
-        in_flight = sorted(name for state in self.sets.values() for name in state.names)
+        in_flight = sorted({name for state in self.sets.values() for name in state.names}
+                           | {entry.name for entry in self._executing if entry is not None})
         if in_flight:
             shown = ", ".join(in_flight[:5]) + (", ..." if len(in_flight) > 5 else "")
             message += f" Ops in flight on this rank: {shown}."
