@@ -91,7 +91,10 @@ class Engine:
     def enqueue(self, set_id: int, entries: list[Entry]) -> None:
         """Queue entries (all of one call) atomically; ValueError on duplicate names."""
         if self.fatal is not None:
-            raise self.fatal
+            # A fresh error per call that names the op that cannot run (the engine may have died
+            # while idle, with no op of ours in flight to name).
+            name = entries[0].name if entries else "collective"
+            raise HorovodInternalError(f"{name}: {self.fatal}") from self.fatal
         if self._shutdown_requested or self._stopped.is_set():
             raise HorovodInternalError("Horovod has been shut down on this rank; call hvd.init() again.")
         state = self.sets.get(set_id)
