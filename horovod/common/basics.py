@@ -18,11 +18,12 @@ from horovod.common import logging as hvd_logging
 from horovod.common.engine.engine import Engine
 from horovod.common.engine.handles import Entry, Handle
 from horovod.common.engine.messages import OpType, Request
+from horovod.common.exceptions import HorovodInternalError
 from horovod.common.process_sets import ProcessSet, global_process_set
-from horovod.common.rendezvous import RendezvousClient
+from horovod.common.rendezvous import JOINED, RendezvousClient
 from horovod.common.settings import Settings
 from horovod.common.transport import create as create_transport
-from horovod.common.transport.base import Transport
+from horovod.common.transport.base import PeerFailure, Transport
 
 NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 
@@ -133,14 +134,28 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
                     f"HOROVOD_SIZE={topo.size} but no rendezvous store is configured; start the job "
                     "with horovodrun (or horovod.run), which sets HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT")
             rendezvous = RendezvousClient(settings.rendezvous_addr, settings.rendezvous_port,
-                                          settings.secret_key, settings.start_timeout)
-        transport = create_transport(
-            settings.cpu_operations, rank=topo.rank, size=topo.size, rendezvous=rendezvous,
-            secret_key=settings.secret_key, generation=_generation,
-            rendezvous_addr=settings.rendezvous_addr or "127.0.0.1", start_timeout=settings.start_timeout,
-            peer_timeout=settings.peer_timeout_seconds, topology=topo, settings=settings)
-        sets = _static_sets(process_sets, topo.size)
-        _check_sets_agree(transport, sets)
+                                          settings.secret_key, settings.start_timeout,
+                                          settings.failure_detection_seconds)
+        transport = None
+        try:
+            if rendezvous is not None:
+                rendezvous.put(JOINED, str(topo.rank), b"")  # the launcher times the start from here
+            transport = create_transport(
+                settings.cpu_operations, rank=topo.rank, size=topo.size, rendezvous=rendezvous,
+                secret_key=settings.secret_key, generation=_generation,
+                rendezvous_addr=settings.rendezvous_addr or "127.0.0.1", start_timeout=settings.start_timeout,
+                peer_timeout=settings.peer_timeout_seconds, topology=topo, settings=settings)
+            sets = _static_sets(process_sets, topo.size)
+            _check_sets_agree(transport, sets)
+        except BaseException as exc:
+            # Nothing of a failed init may linger: no connection, no thread, no shared memory.
+            if transport is not None:
+                transport.close()
+            if rendezvous is not None:
+                rendezvous.close()
+            if isinstance(exc, (PeerFailure, TimeoutError)):
+                raise HorovodInternalError(f"hvd.init() failed on rank {topo.rank}: {exc}") from exc
+            raise
         timeline = None
         if topo.rank == 0:
             from horovod.common.timeline import Timeline
@@ -184,7 +199,6 @@ def _check_sets_agree(transport: Transport, sets: list[ProcessSet]) -> None:
     mine = [tuple(ps.ranks) for ps in sets[1:]]
     everyone = [wire.decode(p) for p in transport.exchange(list(range(transport.size)), wire.encode(mine))]
     if any(theirs != mine for theirs in everyone):
-        transport.close()
         detail = "; ".join(f"rank {r}: {sets_}" for r, sets_ in enumerate(everyone))
         raise ValueError(f"Different ranks tried to set up mismatching process sets at init ({detail}). "
                          "Pass the same process_sets= on every rank.")

@@ -3,7 +3,10 @@
 Workers publish their data-plane address under the job's scope and block (server side, no
 polling) until the peers they need have published theirs. Every connection is authenticated
 with the job secret (see `wire.handshake`); a stranger is logged and dropped while the job goes on.
-The launcher also reads worker failure reports and `horovod.run` results from here.
+The launcher also reads worker failure reports and `horovod.run` results from here, and
+publishes what it knows that workers cannot see: which ranks have exited (`LOST`), so ranks still
+setting up fail at once naming them instead of waiting out the start timeout. Scopes and values:
+docs/internals.md.
 """
 
 from __future__ import annotations
@@ -15,18 +18,36 @@ import time
 from typing import Any
 
 from horovod.common import wire
+from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS
 
 log = logging.getLogger("horovod.rendezvous")
 
 _PUT, _GET, _DELETE, _KEYS = "put", "get", "delete", "keys"
+#: Scope where a worker registers (key: its rank) when it calls hvd.init(); the launcher times the
+#: start from the first registration (--start-timeout).
+JOINED = "joined"
+#: Scope where the launcher records ranks that are gone (key: rank; value: `encode_lost`).
+LOST = "lost"
+
+
+def encode_lost(order: int, host: str, what: str) -> bytes:
+    """A `LOST` record: the `order`-th rank to go, the host it ran on, and how it went."""
+    return wire.encode((order, host, what))
+
+
+def decode_lost(value: bytes) -> tuple[int, str, str]:
+    order, host, what = wire.decode(value)
+    return int(order), str(host), str(what)
 
 
 class RendezvousServer:
     """A threaded, authenticated KV store. `start()` returns the port it listens on."""
 
-    def __init__(self, secret_key: bytes, host: str = "127.0.0.1") -> None:
+    def __init__(self, secret_key: bytes, host: str = "127.0.0.1",
+                 liveness_seconds: float = DEFAULT_FAILURE_DETECTION_SECONDS) -> None:
         self._key = secret_key
         self._host = host
+        self._liveness = liveness_seconds
         self._data: dict[tuple[str, str], bytes] = {}
         self._changed = threading.Condition()
         self._listener: socket.socket | None = None
@@ -98,6 +119,7 @@ class RendezvousServer:
     def _serve(self, conn: socket.socket, peer: Any) -> None:
         self._conns.add(conn)
         try:
+            wire.enable_liveness_checks(conn, self._liveness)
             conn.settimeout(10.0)
             try:
                 wire.handshake(conn, self._key, initiator=False)
@@ -148,7 +170,8 @@ class RendezvousServer:
 class RendezvousClient:
     """A worker's connection to the launcher's store. Thread-safe; one request at a time."""
 
-    def __init__(self, host: str, port: int, secret_key: bytes, connect_timeout: float = 30.0) -> None:
+    def __init__(self, host: str, port: int, secret_key: bytes, connect_timeout: float = 30.0,
+                 liveness_seconds: float = DEFAULT_FAILURE_DETECTION_SECONDS) -> None:
         self._lock = threading.Lock()
         deadline = time.monotonic() + connect_timeout
         while True:
@@ -162,8 +185,13 @@ class RendezvousClient:
                         "still running, and is HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT right?"
                     ) from None
                 time.sleep(0.05)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        wire.handshake(self._sock, secret_key, initiator=True)
+        try:
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            wire.enable_liveness_checks(self._sock, liveness_seconds)
+            wire.handshake(self._sock, secret_key, initiator=True)
+        except BaseException:
+            self._sock.close()
+            raise
         self._sock.settimeout(None)
 
     def _call(self, *request: Any) -> Any:
@@ -187,6 +215,14 @@ class RendezvousClient:
 
     def delete_scope(self, scope: str) -> None:
         self._call(_DELETE, scope)
+
+    def first_lost(self) -> tuple[int, str, str] | None:
+        """(rank, host, how it went) of the first rank the launcher saw go, or None."""
+        records = [(decode_lost(self.get(LOST, key, 0.0)), int(key)) for key in self.keys(LOST)]
+        if not records:
+            return None
+        (_, host, what), rank = min(records)
+        return rank, host, what
 
     def close(self) -> None:
         try:

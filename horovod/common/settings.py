@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
+# khorovod extension: how long a peer that went away without closing its connections (host down,
+# network cut) may go unnoticed. Five seconds: far above a healthy round trip, even on a loaded
+# machine, and well below what a user would wait before suspecting a hang.
+DEFAULT_FAILURE_DETECTION_SECONDS = 5.0
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -26,7 +30,8 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
+def env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    """A non-negative number from `env`, `default` when unset; ValueError naming the variable."""
     raw = env.get(name, "").strip()
     if not raw:
         return default
@@ -83,6 +88,8 @@ class Settings:
     start_timeout: float = 30.0
     # How long a peer may stay silent in the middle of a collective before we call it hung.
     peer_timeout_seconds: float = 30.0
+    # How long a peer whose host stopped answering may go unnoticed (0: the kernel's defaults).
+    failure_detection_seconds: float = DEFAULT_FAILURE_DETECTION_SECONDS
     iface: str | None = None
 
     @classmethod
@@ -114,21 +121,23 @@ class Settings:
             rendezvous_port=int(port) if port else None,
             secret_key=bytes.fromhex(key_hex) if key_hex else None,
             fusion_threshold=_int(env, "HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD),
-            cycle_time_ms=_float(env, "HOROVOD_CYCLE_TIME", 1.0),
+            cycle_time_ms=env_float(env, "HOROVOD_CYCLE_TIME", 1.0),
             cache_capacity=_int(env, "HOROVOD_CACHE_CAPACITY", 1024),
             hierarchical_allreduce=tristate("HOROVOD_HIERARCHICAL_ALLREDUCE"),
             hierarchical_allgather=tristate("HOROVOD_HIERARCHICAL_ALLGATHER"),
             timeline=env.get("HOROVOD_TIMELINE") or None,
             timeline_mark_cycles=_flag(env, "HOROVOD_TIMELINE_MARK_CYCLES"),
             stall_check_disable=_flag(env, "HOROVOD_STALL_CHECK_DISABLE"),
-            stall_check_time_seconds=_float(env, "HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0),
-            stall_shutdown_time_seconds=_float(env, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0.0),
+            stall_check_time_seconds=env_float(env, "HOROVOD_STALL_CHECK_TIME_SECONDS", 60.0),
+            stall_shutdown_time_seconds=env_float(env, "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", 0.0),
             log_level=level,
             log_hide_time=_flag(env, "HOROVOD_LOG_HIDE_TIME"),
             dynamic_process_sets=_flag(env, "HOROVOD_DYNAMIC_PROCESS_SETS"),
             elastic=_flag(env, "HOROVOD_ELASTIC"),
             cpu_operations=(env.get("HOROVOD_CPU_OPERATIONS") or "auto").strip().lower(),
-            start_timeout=_float(env, "HOROVOD_START_TIMEOUT", 30.0),
-            peer_timeout_seconds=_float(env, "HOROVOD_GLOO_TIMEOUT_SECONDS", 30.0),
+            start_timeout=env_float(env, "HOROVOD_START_TIMEOUT", 30.0),
+            peer_timeout_seconds=env_float(env, "HOROVOD_GLOO_TIMEOUT_SECONDS", 30.0),
+            failure_detection_seconds=env_float(env, "HOROVOD_FAILURE_DETECTION_SECONDS",
+                                                DEFAULT_FAILURE_DETECTION_SECONDS),
             iface=env.get("HOROVOD_GLOO_IFACE") or None,
         )

@@ -38,6 +38,44 @@ def new_secret_key() -> bytes:
     return os.urandom(32)
 
 
+def keepalive_options(seconds: float) -> dict[str, int]:
+    """TCP options that make the kernel give up on a silent peer after about `seconds`.
+
+    While a connection is idle, keepalive probes start after TCP_KEEPIDLE and repeat every
+    TCP_KEEPINTVL; TCP_KEEPCNT unanswered ones end it. TCP_USER_TIMEOUT (milliseconds) bounds how
+    long data we sent may stay unacknowledged, which covers a connection in the middle of a
+    transfer, where keepalive never fires. Pure, so the arithmetic is tested on its own.
+    """
+    whole = max(1, int(seconds))
+    interval = max(1, whole // 4)
+    idle = max(1, whole - 3 * interval)
+    return {"TCP_KEEPIDLE": idle, "TCP_KEEPINTVL": interval, "TCP_KEEPCNT": max(1, (whole - idle) // interval),
+            "TCP_USER_TIMEOUT": max(1, int(seconds * 1000))}
+
+
+def enable_liveness_checks(sock: socket.socket, seconds: float) -> None:
+    """Let the kernel notice, within about `seconds`, a peer whose host stopped answering (a cut
+    cable, a crashed machine): such a peer never closes its connection, so without this a read
+    waits forever. Options this platform lacks are skipped (macOS names the idle time
+    TCP_KEEPALIVE); `seconds` <= 0 keeps the kernel's defaults."""
+    if seconds <= 0:
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    except OSError:
+        return
+    for name, value in keepalive_options(seconds).items():
+        option = getattr(socket, name, None)
+        if option is None and name == "TCP_KEEPIDLE":
+            option = getattr(socket, "TCP_KEEPALIVE", None)
+        if option is None:
+            continue
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+        except OSError:
+            pass
+
+
 def recv_exact(sock: socket.socket, nbytes: int) -> bytearray:
     buf = bytearray(nbytes)
     recv_into_exact(sock, memoryview(buf))

@@ -1,25 +1,33 @@
 """One fixed-size job: the rendezvous store, one worker per slot, and the failure policy.
 
-The policy is Horovod's: the first worker to exit non-zero ends the job. The launcher stops the
-others (SIGTERM, then SIGKILL) and reports that first failure at the very end of the output,
-with the exception the rank recorded in the store (`failures/<rank>`, see docs/internals.md)
-or, failing that, the last lines of its stderr. A signal to the launcher (Ctrl-C, SIGTERM,
-SIGHUP) stops every worker before the launcher exits, so no process outlives the job.
+The policy is Horovod's: the first worker to exit non-zero ends the job. The launcher records
+every exit in the store (`lost/<rank>`), so ranks still setting up fail at once naming the rank
+instead of waiting for it; gives the others a moment to notice and exit on their own (their own
+errors name the failed rank); then stops what is left (SIGTERM, then SIGKILL) and reports that
+first failure at the very end of the output, with the exception the rank recorded in the store
+(`failures/<rank>`, see docs/internals.md) or, failing that, the last lines of its stderr.
+It also enforces the start timeout: once one rank has called hvd.init(), every rank must within
+`start_timeout` seconds, or the job stops naming those that did not. A signal to the launcher
+(Ctrl-C, SIGTERM, SIGHUP) stops every worker before the launcher exits, so no process outlives
+the job.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import queue
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
 from horovod.common import wire
-from horovod.common.rendezvous import RendezvousServer
+from horovod.common.rendezvous import JOINED, LOST, RendezvousServer, encode_lost
+from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS
 from horovod.runner import local_launcher, network
 from horovod.runner.hosts import SlotInfo
 from horovod.runner.local_launcher import OutputOptions, Worker
@@ -27,6 +35,8 @@ from horovod.runner.local_launcher import OutputOptions, Worker
 SECRET_KEY_ENV = "_HOROVOD_SECRET_KEY"
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _OUTPUT_DRAIN_SECONDS = 5.0
+# How often the launcher looks at the store while it waits for workers (start timeout).
+_WATCH_SECONDS = 0.25
 
 
 def _inherited(name: str) -> bool:
@@ -74,6 +84,11 @@ def describe_returncode(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
+def how_it_went(returncode: int) -> str:
+    """A worker's end as the other ranks are told it: 'exited with exit code 3', 'was killed by ...'."""
+    return f"was {describe_returncode(returncode)}" if returncode < 0 else f"exited with {describe_returncode(returncode)}"
+
+
 def exit_status(returncode: int) -> int:
     """The launcher's own exit status for a worker's return code (128+N for signal N, as shells do)."""
     return returncode if returncode > 0 else 128 - returncode
@@ -90,6 +105,7 @@ class WorkerFailure:
     stderr_tail: tuple[str, ...] = ()
     reported_exception: str | None = None
     other_reporting_ranks: tuple[int, ...] = ()
+    reason: str | None = None  # why the launcher stopped it, when it did not fail by itself
 
 
 @dataclass(frozen=True)
@@ -109,7 +125,7 @@ def format_failure(failure: WorkerFailure) -> str:
         "Horovod detected that one or more processes exited with non-zero status, so the job "
         "was stopped. The first process to fail was:",
         f"    rank {failure.rank} on host {failure.hostname} (local rank {failure.local_rank}): "
-        f"{describe_returncode(failure.returncode)}",
+        f"{failure.reason or describe_returncode(failure.returncode)}",
     ]
     if failure.reported_exception:
         lines.append(f"Root cause, the exception rank {failure.rank} reported:")
@@ -153,6 +169,11 @@ class JobSpec:
     nics: tuple[str, ...] = ()
     verbose: bool = False
     grace_seconds: float = 5.0
+    # After the first failure, how long the other workers get to notice it and exit by themselves
+    # before they are stopped: their own errors then name the failed rank.
+    failure_grace_seconds: float = 2.0
+    start_timeout: float = 30.0
+    failure_detection_seconds: float = DEFAULT_FAILURE_DETECTION_SECONDS
 
 
 class _Interrupted(Exception):
@@ -171,7 +192,7 @@ class Job:
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._local = {slot.hostname: network.is_local_host(slot.hostname) for slot in spec.slots}
         self._secret = wire.new_secret_key()
-        self.store = RendezvousServer(self._secret, self._bind_address())
+        self.store: RendezvousServer | None = None
         self.address = ""
         self.port = 0
         # Signal bookkeeping: a handler only raises while the main thread waits for workers.
@@ -179,9 +200,6 @@ class Job:
         self._raise_on_signal = False
 
     # -- store -------------------------------------------------------------------------------
-    def _bind_address(self) -> str:
-        return "127.0.0.1" if all(self._local.values()) else "0.0.0.0"
-
     def _advertised_address(self) -> str:
         if all(self._local.values()):
             return "127.0.0.1"
@@ -191,16 +209,16 @@ class Job:
         return network.address_towards(remote)
 
     def __enter__(self) -> "Job":
+        # The store listens only where workers are told to reach it: loopback for a one-host job,
+        # else the one address that reaches this machine from the remote hosts.
+        self.address = self._advertised_address()
+        self.store = RendezvousServer(self._secret, self.address, self.spec.failure_detection_seconds)
         self.port = self.store.start()
-        try:
-            self.address = self._advertised_address()
-        except BaseException:
-            self.store.stop()
-            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.store.stop()
+        if self.store is not None:
+            self.store.stop()
 
     # -- workers -----------------------------------------------------------------------------
     def _start(self, slot: SlotInfo) -> Worker:
@@ -212,6 +230,7 @@ class Job:
         argv = local_launcher.ssh_argv(
             slot.hostname, self.spec.command, env, cwd,
             port=self.spec.ssh_port, identity_file=self.spec.ssh_identity_file,
+            connect_timeout=self.spec.start_timeout,
         )
         return Worker(slot, argv, self._base_env, stdin_data=(self._secret.hex() + "\n").encode(),
                       output=self.spec.output)
@@ -222,9 +241,10 @@ class Job:
 
     def run(self) -> JobResult:
         """Start every worker, wait for all of them or for the first failure, and clean up."""
+        assert self.store is not None, "use the job as a context manager"
         workers: list[Worker] = []
         exits: queue.Queue[tuple[Worker, int]] = queue.Queue()
-        first_failure: tuple[Worker, int] | None = None
+        failure: tuple[Worker, str | None] | None = None  # the first to fail, and why we stopped it
         self._say(f"rendezvous store at {self.address}:{self.port}; command: {' '.join(self.spec.command)}")
         finished = False  # every worker exited 0: nothing to stop
         with self._signal_handlers():
@@ -240,35 +260,92 @@ class Job:
                     workers.append(worker)
                     threading.Thread(target=lambda w=worker: exits.put((w, w.wait())),
                                      name=f"hvd-wait-{slot.rank}", daemon=True).start()
-                pending = len(workers) if self._signum is None else -1
-                while pending > 0:
-                    self._raise_on_signal = True  # set before the check: no signal slips between
-                    if self._signum is not None:
-                        break
-                    worker, returncode = exits.get()
-                    self._raise_on_signal = False
-                    pending -= 1
+                running = {worker.slot.rank for worker in workers} if self._signum is None else set()
+                first_join: float | None = None
+                while running and failure is None:
+                    exited = self._next_exit(exits, _WATCH_SECONDS)
+                    if exited is None:
+                        first_join, failure = self._check_start(workers, first_join)
+                        continue
+                    worker, returncode = exited
+                    running.discard(worker.slot.rank)
+                    self._record_exit(worker, returncode)
                     if returncode != 0:
-                        first_failure = (worker, returncode)
-                        break
-                finished = pending == 0 and first_failure is None
+                        failure = (worker, None)
+                finished = not running and failure is None and self._signum is None
+                if failure is not None:
+                    # The others learn of the failure through their connections (or `lost/`): let
+                    # them report it and exit by themselves, briefly, before stopping them.
+                    deadline = time.monotonic() + self.spec.failure_grace_seconds
+                    while running and time.monotonic() < deadline:
+                        exited = self._next_exit(exits, deadline - time.monotonic())
+                        if exited is not None:
+                            running.discard(exited[0].slot.rank)
+                            self._record_exit(*exited)
             except _Interrupted:
                 pass
             finally:
                 self._raise_on_signal = False
                 if not finished:
                     self._say("stopping the remaining workers")
-                    local_launcher.terminate(workers, self.spec.grace_seconds)
+                # Also after a success: whatever a worker left running in its process group goes too.
+                local_launcher.terminate(workers, self.spec.grace_seconds)
+                deadline = time.monotonic() + _OUTPUT_DRAIN_SECONDS
                 for worker in workers:
-                    worker.join_output(_OUTPUT_DRAIN_SECONDS)
-        if first_failure is not None:
-            failure = self._describe(*first_failure)
-            return JobResult(exit_status(failure.returncode), failure, self._signum)
+                    worker.join_output(max(0.0, deadline - time.monotonic()))
+        if failure is not None:
+            worker, reason = failure
+            described = dataclasses.replace(self._describe(worker, worker.returncode or 0), reason=reason)
+            return JobResult(1 if reason else exit_status(described.returncode), described, self._signum)
         if self._signum is not None:
             return JobResult(128 + self._signum, None, self._signum)
         return JobResult(0)
 
+    def _next_exit(self, exits: "queue.Queue[tuple[Worker, int]]", timeout: float) -> tuple[Worker, int] | None:
+        """The next worker to exit within `timeout` seconds, or None; a signal interrupts the wait."""
+        self._raise_on_signal = True  # set before the check: no signal slips between
+        try:
+            if self._signum is not None:
+                raise _Interrupted(self._signum)
+            return exits.get(timeout=max(0.0, timeout))
+        except queue.Empty:
+            return None
+        finally:
+            self._raise_on_signal = False
+
+    def _record_exit(self, worker: Worker, returncode: int) -> None:
+        """Tell ranks still setting up that this one is gone, so they stop waiting for it."""
+        self._lost(worker.slot, how_it_went(returncode))
+
+    def _lost(self, slot: SlotInfo, what: str) -> None:
+        assert self.store is not None
+        if self.store.get(LOST, str(slot.rank)) is None:
+            order = len(self.store.keys(LOST))
+            self.store.put(LOST, str(slot.rank), encode_lost(order, slot.hostname, what))
+
+    def _check_start(self, workers: Sequence[Worker], first_join: float | None
+                     ) -> tuple[float | None, tuple[Worker, str] | None]:
+        """The start timeout: once a rank has called hvd.init(), all must within `start_timeout`."""
+        assert self.store is not None
+        joined = {int(key) for key in self.store.keys(JOINED) if key.isdigit()}
+        if not joined:
+            return first_join, None
+        now = time.monotonic()
+        if first_join is None:
+            return now, None
+        missing = [worker for worker in workers if worker.slot.rank not in joined]
+        if not missing or now - first_join <= self.spec.start_timeout:
+            return first_join, None
+        what = (f"did not call hvd.init() within the start timeout ({self.spec.start_timeout:g} s, "
+                "--start-timeout) after the first rank did")
+        for worker in missing:
+            self._lost(worker.slot, what)
+        ranks = ", ".join(str(worker.slot.rank) for worker in missing)
+        self._say(f"ranks {ranks} did not join in time; stopping the job")
+        return first_join, (missing[0], f"{what}; it was stopped")
+
     def _describe(self, worker: Worker, returncode: int) -> WorkerFailure:
+        assert self.store is not None
         rank = worker.slot.rank
         report = self.store.get("failures", str(rank))
         others = tuple(sorted(int(key) for key in self.store.keys("failures")

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any, Iterable, Sequence
 
 from horovod.common import logging as hvd_logging
+from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS, env_float
 from horovod.runner import check_build, config_file, env_builder
 from horovod.runner.hosts import HostInfo, get_host_assignments, parse_hostfile, parse_hosts
 from horovod.runner.job import Job, JobResult, JobSpec, format_result
@@ -338,10 +340,16 @@ def plan_job(args: argparse.Namespace, command: Sequence[str]) -> JobSpec:
         raise ValueError("no command given: put the program to run after the flags, "
                          "e.g. horovodrun -np 2 python train.py")
     slots = get_host_assignments(host_list(args), args.num_proc)
+    extra_env = env_builder.horovod_env(args)
+    # What the workers will see: a flag wins, else the launcher's own environment, else the default.
+    worker_view = {**os.environ, **extra_env}
     return JobSpec(
         command=tuple(command),
         slots=tuple(slots),
-        extra_env=env_builder.horovod_env(args),
+        extra_env=extra_env,
+        start_timeout=env_float(worker_view, "HOROVOD_START_TIMEOUT", 30.0),
+        failure_detection_seconds=env_float(worker_view, "HOROVOD_FAILURE_DETECTION_SECONDS",
+                                            DEFAULT_FAILURE_DETECTION_SECONDS),
         output=OutputOptions(
             prefix_timestamp=bool(args.prefix_output_with_timestamp),
             output_dir=args.output_filename,

@@ -10,6 +10,7 @@ launcher, which then stops the workers in order.
 from __future__ import annotations
 
 import collections
+import math
 import os
 import shlex
 import signal
@@ -47,12 +48,16 @@ def ssh_argv(
     cwd: str,
     port: int | None = None,
     identity_file: str | None = None,
+    connect_timeout: float | None = None,
 ) -> list[str]:
     """The ssh command that runs `command` on `host` with `env`.
 
     The job secret is never part of it: the remote shell reads it from stdin (see `Worker`).
+    `connect_timeout` (the job's start timeout) bounds how long ssh tries to reach the host.
     """
     options = ["-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=no"]
+    if connect_timeout is not None:
+        options += ["-o", f"ConnectTimeout={max(1, math.ceil(connect_timeout))}"]
     if port is not None:
         options += ["-p", str(port)]
     if identity_file is not None:

@@ -15,12 +15,13 @@ import numpy as np
 
 
 class PeerFailure(ConnectionError):
-    """Communication with a specific rank failed; `rank` says which."""
+    """Communication with a specific rank failed; `rank` says which, `host` where it ran."""
 
-    def __init__(self, rank: int, reason: str) -> None:
-        super().__init__(f"rank {rank} {reason}")
+    def __init__(self, rank: int, reason: str, host: str | None = None) -> None:
+        super().__init__(f"rank {rank} on host {host} {reason}" if host else f"rank {rank} {reason}")
         self.rank = rank
         self.reason = reason
+        self.host = host
 
 
 class Transport(ABC):

@@ -858,13 +858,17 @@ class ShmTransport(Transport):
                  topology: object = None, settings: object = None, **_: object) -> None:
         super().__init__(rank, size)
         self.tcp = TcpTransport(rank, size, rendezvous, secret_key, generation, rendezvous_addr,  # type: ignore[arg-type]
-                                start_timeout, peer_timeout)
+                                start_timeout, peer_timeout, topology=topology, settings=settings)
         self.shm: SharedMemory | None = None
         self._selector: object = None
         hostname = getattr(topology, "hostname", None) or socket.gethostname()
         self.hosts: list[str] = [hostname]
         if size > 1:
-            self.hosts = [p.decode() for p in self.tcp.exchange(list(range(size)), hostname.encode())]
+            try:
+                self.hosts = [p.decode() for p in self.tcp.exchange(list(range(size)), hostname.encode())]
+            except BaseException:  # a peer died during set-up: leave no connection behind
+                self.tcp.close()
+                raise
         self.local_ranks = [r for r in range(size) if self.hosts[r] == hostname]
         self._local = set(self.local_ranks)
         fusion = getattr(settings, "fusion_threshold", 128 * 1024 * 1024)
@@ -874,6 +878,9 @@ class ShmTransport(Transport):
             except Unavailable as exc:
                 log.warning("rank %d: shared memory is unavailable (%s); ranks on this host talk over TCP",
                             rank, exc)
+            except BaseException:
+                self.tcp.close()
+                raise
         self._routes: dict[tuple[int, ...], bool] = {}
 
     def _on_host(self, group: Sequence[int]) -> SharedMemory | None:

@@ -9,6 +9,7 @@ reduces locally in member order, which costs one network latency instead of 2(n-
 
 from __future__ import annotations
 
+import errno
 import os
 import queue
 import select
@@ -23,6 +24,7 @@ import numpy as np
 from horovod.common import wire
 from horovod.common.reduce_ops import reduce_into
 from horovod.common.rendezvous import RendezvousClient
+from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS
 from horovod.common.transport import register
 from horovod.common.transport.base import PeerFailure, Transport
 
@@ -36,6 +38,11 @@ SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 # poll() events of a connection whose other end closed or broke (POLLRDHUP: Linux only).
 HANGUP = getattr(select, "POLLRDHUP", 0) | getattr(select, "POLLHUP", 0) | getattr(select, "POLLERR", 0)
 CLOSED_BY_PEER = "closed its connection (its process exited or crashed)"
+# While waiting for peers at start-up, how often to ask the launcher whether a rank has gone.
+SETUP_POLL_SECONDS = 0.25
+# The launcher enforces the start timeout and names the rank that did not join; a rank's own
+# deadline is this much later, a backstop for when the launcher cannot tell.
+START_BACKSTOP_SECONDS = 2.0
 
 
 class DeathWatch:
@@ -48,8 +55,10 @@ class DeathWatch:
     can tell a rank that crashed from one that stopped because of another.
     """
 
-    def __init__(self, rank: int, sockets: dict[int, socket.socket], store: RendezvousClient, scope: str) -> None:
+    def __init__(self, rank: int, sockets: dict[int, socket.socket], store: RendezvousClient, scope: str,
+                 hosts: dict[int, str] | None = None) -> None:
         self.first: int | None = None  # the rank that failed first, once known
+        self.hosts = hosts or {}  # where each rank runs, for messages
         self.listeners: list = []  # called (on the watch thread) when a connection closes
         self.local_cause: Callable[[int], int | None] | None = None  # whom a rank blamed, if known locally
         self.reported: int | None = None  # the rank our own failure report named
@@ -91,7 +100,7 @@ class DeathWatch:
         first = self.first if self.first is not None else self._cause(rank)
         if self.reported is None:
             self.reported = first
-        return PeerFailure(first, reason if first == rank else CLOSED_BY_PEER)
+        return PeerFailure(first, reason if first == rank else CLOSED_BY_PEER, self.hosts.get(first))
 
     def announce(self) -> None:
         """Before our connections close: tell the others whom we blamed, if we failed."""
@@ -111,10 +120,13 @@ class DeathWatch:
 class _Peer:
     """One authenticated connection, with a sender thread for large asynchronous sends."""
 
-    def __init__(self, rank: int, sock: socket.socket, timeout: float) -> None:
+    def __init__(self, rank: int, sock: socket.socket, timeout: float, host: str | None = None,
+                 detection_seconds: float = DEFAULT_FAILURE_DETECTION_SECONDS) -> None:
         self.rank = rank
         self.sock = sock
         self.timeout = timeout
+        self.host = host
+        self.detection_seconds = detection_seconds
         self._outbox: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
         self._pending = 0
         self._idle = threading.Condition()
@@ -162,9 +174,9 @@ class _Peer:
     def recv_into(self, view: memoryview | np.ndarray) -> None:
         try:
             wire.recv_into_exact(self.sock, _byte_view(view))
-        except socket.timeout:
-            raise self._blame(f"sent nothing for {self.timeout:.0f} s (hung?)") from None
         except (OSError, wire.WireError) as exc:
+            if isinstance(exc, socket.timeout) and exc.errno is None:  # our own timeout, not the kernel's
+                raise self._blame(f"sent nothing for {self.timeout:.0f} s (hung?)") from None
             raise self.failure(exc) from None
 
     def send_frame(self, payload: bytes) -> None:
@@ -188,10 +200,14 @@ class _Peer:
             return exc
         if isinstance(exc, (ConnectionResetError, BrokenPipeError, wire.WireError)):
             return self._blame(CLOSED_BY_PEER)
+        if getattr(exc, "errno", None) in _UNREACHABLE:
+            return self._blame(unreachable(self.detection_seconds, exc))
         return self._blame(f"connection failed: {exc}")
 
     def _blame(self, reason: str) -> PeerFailure:
-        return self.deaths.blame(self.rank, reason) if self.deaths is not None else PeerFailure(self.rank, reason)
+        if self.deaths is not None:
+            return self.deaths.blame(self.rank, reason)
+        return PeerFailure(self.rank, reason, self.host)
 
     def close(self) -> None:
         self._outbox.put(None)
@@ -201,6 +217,17 @@ class _Peer:
             pass
         self.sock.close()
         self._thread.join(timeout=1.0)
+
+
+# What the kernel reports when a peer's host stopped answering (liveness checks gave up, or the
+# network says there is no route any more).
+_UNREACHABLE = {errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN}
+
+
+def unreachable(detection_seconds: float, exc: BaseException) -> str:
+    """The reason given for a peer whose host stopped answering."""
+    return (f"stopped answering: its host sent nothing back for about {detection_seconds:g} s "
+            f"({getattr(exc, 'strerror', None) or exc}; network cut, or the host is down?)")
 
 
 def _byte_view(data: bytes | bytearray | memoryview | np.ndarray) -> memoryview:
@@ -222,10 +249,11 @@ def _advertised_host(rendezvous_addr: str) -> str:
         probe.close()
 
 
-def _tune(sock: socket.socket) -> None:
+def _tune(sock: socket.socket, detection_seconds: float) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+    wire.enable_liveness_checks(sock, detection_seconds)
 
 
 class TcpTransport(Transport):
@@ -233,70 +261,124 @@ class TcpTransport(Transport):
 
     def __init__(self, rank: int, size: int, rendezvous: RendezvousClient | None, secret_key: bytes | None,
                  generation: int, rendezvous_addr: str = "127.0.0.1", start_timeout: float = 30.0,
-                 peer_timeout: float = 30.0, **_: object) -> None:
+                 peer_timeout: float = 30.0, topology: object = None, settings: object = None,
+                 **_: object) -> None:
         super().__init__(rank, size)
         self._peers: dict[int, _Peer] = {}
         self._scratch = np.empty(0, np.uint8)
         self._selector: selectors.BaseSelector | None = None
         self.deaths: DeathWatch | None = None
+        self.hostname = getattr(topology, "hostname", None) or socket.gethostname()
+        self.hosts: dict[int, str] = {rank: self.hostname}  # where each rank runs, for messages
+        self.detection_seconds = float(getattr(settings, "failure_detection_seconds",
+                                               DEFAULT_FAILURE_DETECTION_SECONDS))
         if size > 1:
             assert rendezvous is not None and secret_key is not None
-            self._connect_mesh(rendezvous, secret_key, generation, rendezvous_addr, start_timeout, peer_timeout)
+            try:
+                self._connect_mesh(rendezvous, secret_key, generation, rendezvous_addr, start_timeout, peer_timeout)
+            except BaseException:
+                self.close()
+                raise
 
     # -- setup ------------------------------------------------------------------------------
     def _connect_mesh(self, rendezvous: RendezvousClient, key: bytes, generation: int, rendezvous_addr: str,
                       start_timeout: float, peer_timeout: float) -> None:
+        """Connect to every lower rank, accept every higher one. A rank the launcher reports gone
+        fails this at once, naming it; otherwise the start timeout bounds every wait."""
         host = _advertised_host(rendezvous_addr)
-        listener = socket.create_server((host if host == "127.0.0.1" else "", 0), backlog=self.size)
+        # Only the interface peers are told about: loopback for a one-host job.
+        listener = socket.create_server((host, 0), backlog=self.size)
         scope = f"transport.{generation}"
-        rendezvous.put(scope, str(self.rank), f"{host}:{listener.getsockname()[1]}".encode())
-        deadline = time.monotonic() + start_timeout
+        rendezvous.put(scope, str(self.rank), wire.encode((host, listener.getsockname()[1], self.hostname)))
+        deadline = time.monotonic() + start_timeout + START_BACKSTOP_SECONDS
         try:
             for peer in range(self.rank):
-                addr = rendezvous.get(scope, str(peer), max(0.1, deadline - time.monotonic())).decode()
-                peer_host, port = addr.rsplit(":", 1)
-                sock = socket.create_connection((peer_host, int(port)), timeout=start_timeout)
-                _tune(sock)
+                sock = self._dial(rendezvous, scope, peer, deadline, start_timeout)
                 wire.handshake(sock, key, initiator=True)
-                wire.send_message(sock, ("hello", self.rank, generation))
-                self._peers[peer] = _Peer(peer, sock, peer_timeout)
-            listener.settimeout(1.0)
+                wire.send_message(sock, ("hello", self.rank, generation, self.hostname))
+                self._add_peer(peer, sock, peer_timeout)
+            listener.settimeout(SETUP_POLL_SECONDS)
             while len(self._peers) < self.size - 1:
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(self.rank + 1, self.size)) - set(self._peers))
                     raise TimeoutError(
-                        f"rank {self.rank}: ranks {missing} did not connect within {start_timeout:.0f} s; "
-                        "did they all start? (raise --start-timeout if startup is slow)"
-                    )
+                        f"ranks {missing} did not connect to rank {self.rank} within the start timeout "
+                        f"({start_timeout:g} s); did they all start? (raise --start-timeout if start-up is slow)")
                 try:
-                    sock, _addr = listener.accept()
+                    sock, addr = listener.accept()
                 except socket.timeout:
+                    _raise_if_lost(rendezvous)
                     continue
-                try:
-                    sock.settimeout(start_timeout)
-                    _tune(sock)
-                    wire.handshake(sock, key, initiator=False)
-                    hello = wire.recv_message(sock, max_bytes=1024)
-                    if not (isinstance(hello, tuple) and len(hello) == 3 and hello[0] == "hello"
-                            and hello[2] == generation and isinstance(hello[1], int)
-                            and self.rank < hello[1] < self.size and hello[1] not in self._peers):
-                        raise wire.WireError(f"unexpected greeting {hello!r}")
-                except (wire.WireError, OSError) as exc:
+                hello = self._greet(sock, key, generation, deadline)
+                if hello is None:
                     from horovod.common.logging import log
 
-                    log.warning("rank %d: refused a data connection from %s: %s", self.rank, _addr, exc)
+                    log.warning("rank %d: refused a data connection from %s", self.rank, addr)
                     sock.close()
                     continue
-                self._peers[hello[1]] = _Peer(hello[1], sock, peer_timeout)
+                self.hosts[hello[1]] = hello[3]
+                self._add_peer(hello[1], sock, peer_timeout)
+        except (OSError, wire.WireError):
+            _raise_if_lost(rendezvous)  # a peer gave up because of a rank that is gone: name that one
+            raise
         finally:
             listener.close()
         for peer in self._peers.values():
             peer.sock.settimeout(peer_timeout)
         if HANGUP & getattr(select, "POLLRDHUP", 0):
             self.deaths = DeathWatch(self.rank, {r: peer.sock for r, peer in self._peers.items()}, rendezvous,
-                                     f"transport.{generation}")
+                                     f"transport.{generation}", self.hosts)
             for peer in self._peers.values():
                 peer.deaths = self.deaths
+
+    def _dial(self, rendezvous: RendezvousClient, scope: str, peer: int, deadline: float,
+              start_timeout: float) -> socket.socket:
+        """A connection to the lower rank `peer`, once it has published its address."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"rank {peer} did not join within the start timeout ({start_timeout:g} s); did it start? "
+                    "Its output may say why (raise --start-timeout if start-up is slow).")
+            try:
+                address = rendezvous.get(scope, str(peer), min(SETUP_POLL_SECONDS, remaining))
+                break
+            except TimeoutError:
+                _raise_if_lost(rendezvous)
+        peer_host, port, self.hosts[peer] = wire.decode(address)
+        where = f"{peer_host}:{port}"
+        # Its listener exists before its address is published: a host that is up answers at once.
+        connect_timeout = max(1.0, self.detection_seconds)
+        try:
+            sock = socket.create_connection((peer_host, int(port)), timeout=connect_timeout)
+        except socket.timeout:
+            raise PeerFailure(peer, f"could not be reached at {where} within {connect_timeout:g} s "
+                              "(network down, or a firewall in the way?)", self.hosts[peer]) from None
+        except OSError as exc:
+            raise PeerFailure(peer, f"refused a connection to {where} ({exc.strerror or exc}; did it exit?)",
+                              self.hosts[peer]) from None
+        sock.settimeout(max(1.0, deadline - time.monotonic()))  # it accepts once its own dialling is done
+        _tune(sock, self.detection_seconds)
+        return sock
+
+    def _greet(self, sock: socket.socket, key: bytes, generation: int, deadline: float) -> tuple | None:
+        """Authenticate an incoming connection; its greeting, or None for a stranger. A real peer
+        speaks at once, so a silent stranger cannot hold up start-up for long."""
+        try:
+            sock.settimeout(max(0.1, min(max(1.0, self.detection_seconds), deadline - time.monotonic())))
+            _tune(sock, self.detection_seconds)
+            wire.handshake(sock, key, initiator=False)
+            hello = wire.recv_message(sock, max_bytes=1024)
+        except (wire.WireError, OSError):
+            return None
+        if not (isinstance(hello, tuple) and len(hello) == 4 and hello[0] == "hello" and hello[2] == generation
+                and isinstance(hello[1], int) and self.rank < hello[1] < self.size
+                and hello[1] not in self._peers and isinstance(hello[3], str)):
+            return None
+        return hello
+
+    def _add_peer(self, rank: int, sock: socket.socket, peer_timeout: float) -> None:
+        self._peers[rank] = _Peer(rank, sock, peer_timeout, self.hosts.get(rank), self.detection_seconds)
 
     # -- primitives -------------------------------------------------------------------------
     def peer(self, rank: int) -> _Peer:
@@ -474,6 +556,17 @@ class TcpTransport(Transport):
         for peer in self._peers.values():
             peer.close()
         self._peers.clear()
+
+
+def _raise_if_lost(rendezvous: RendezvousClient) -> None:
+    """Raise PeerFailure naming the first rank the launcher saw exit, if there is one."""
+    try:
+        lost = rendezvous.first_lost()
+    except (OSError, wire.WireError):
+        return
+    if lost is not None:
+        rank, host, what = lost
+        raise PeerFailure(rank, f"{what} before the job was set up", host)
 
 
 def _segment_bounds(total: int, counts: Sequence[int]) -> list[tuple[int, int]]:

@@ -1,0 +1,58 @@
+"""What a finished job may leave behind on this machine: processes and shared-memory segments.
+
+Read straight from /proc and /dev/shm (no psutil), so tests can assert that a job that failed
+in any way still cleaned up after itself.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Iterable
+
+SHM_DIR = "/dev/shm"
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, process group) of `pid`, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    return fields[0], int(fields[2])
+
+
+def live_processes(pids: Iterable[int], groups: Iterable[int] = ()) -> list[int]:
+    """Pids that are still running (not zombies): those given, and any member of `groups`."""
+    pids, groups = set(pids), set(groups)
+    alive = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        info = _stat(int(entry))
+        if info is None or info[0] in ("Z", "X"):
+            continue
+        if int(entry) in pids or info[1] in groups:
+            alive.append(int(entry))
+    return sorted(alive)
+
+
+def wait_for_no_processes(pids: Iterable[int], groups: Iterable[int] = (), seconds: float = 5.0) -> list[int]:
+    """Poll until none of `pids` / `groups` runs any more; returns what is still alive then."""
+    pids, groups = list(pids), list(groups)
+    deadline = time.monotonic() + seconds
+    while True:
+        alive = live_processes(pids, groups)
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
+
+
+def shm_segments(pids: Iterable[int]) -> list[str]:
+    """khorovod's shared-memory segments in /dev/shm created by any of `pids`."""
+    prefixes = tuple(f"khvd-{pid}-" for pid in pids)
+    try:
+        return sorted(name for name in os.listdir(SHM_DIR) if name.startswith(prefixes))
+    except FileNotFoundError:
+        return []
