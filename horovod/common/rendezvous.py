@@ -181,8 +181,9 @@ class RendezvousClient:
             except OSError as exc:
                 if time.monotonic() > deadline:
                     raise ConnectionError(
-                        f"cannot reach the rendezvous store at {host}:{port} ({exc}); is horovodrun "
-                        "still running, and is HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT right?"
+                        f"cannot reach the rendezvous store at {host}:{port} within {connect_timeout:g} s "
+                        f"({exc}); is horovodrun still running, can this host reach it (network, firewall), "
+                        "and is HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT right?"
                     ) from None
                 time.sleep(0.05)
         try:

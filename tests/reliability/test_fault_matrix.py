@@ -103,6 +103,19 @@ def run():
                 fault()
             grad = np.full(16, rank + step, np.float32)
             w -= 0.1 * hvd.allreduce(grad, name="grad")
+    elif POINT == "torch_steps":  # a real PyTorch training loop, gradients reduced by the optimizer
+        import torch
+        import horovod.torch as thvd
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+        opt = thvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                        named_parameters=model.named_parameters())
+        thvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        for step in range(50):
+            if victim and step == 3:
+                fault()
+            opt.zero_grad()
+            model(torch.randn(16, 32)).pow(2).mean().backward()
+            opt.step()
 
 
 error = caught = None
@@ -121,7 +134,7 @@ POINTS = ("before_init", "after_init", "negotiation", "large_allreduce", "betwee
 FAULTS = ("sigkill", "exit", "raise")
 # The op a survivor is waiting for when the victim dies (None: no op is in flight yet).
 OP_IN_FLIGHT = {"before_init": None, "after_init": None, "negotiation": "allreduce.small",
-                "large_allreduce": "allreduce.big", "between_steps": "allreduce.grad"}
+                "large_allreduce": "allreduce.big", "between_steps": "allreduce.grad", "torch_steps": "allreduce"}
 TWO_HOSTS = ["-H", "localhost:2,127.0.0.1:2"]
 
 
@@ -150,6 +163,8 @@ def _cases() -> list[Case]:
     cases.append(Case("two-hosts", 4, "large_allreduce", "sigkill", 3))
     cases.append(Case("two-hosts", 4, "negotiation", "exit", 0))
     cases.append(Case("two-hosts", 4, "between_steps", "raise", 2))
+    # PyTorch with DistributedOptimizer (slower to start: one case).
+    cases.append(Case("shm", 2, "torch_steps", "sigkill", 1))
     return cases
 
 

@@ -56,3 +56,46 @@ def shm_segments(pids: Iterable[int]) -> list[str]:
         return sorted(name for name in os.listdir(SHM_DIR) if name.startswith(prefixes))
     except FileNotFoundError:
         return []
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except (FileNotFoundError, PermissionError):
+        return inodes
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    return inodes
+
+
+def _address(hex_address: str) -> str:
+    """/proc/net/tcp{,6} address (little-endian 32-bit words) to text."""
+    import ipaddress
+
+    raw = bytes.fromhex(hex_address)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(words))
+
+
+def listening_addresses(pid: int) -> list[tuple[str, int]]:
+    """(address, port) of every TCP socket `pid` listens on, read from /proc in its network namespace."""
+    inodes = _socket_inodes(pid)
+    found = []
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}", encoding="ascii") as f:
+                rows = f.read().splitlines()[1:]
+        except (FileNotFoundError, PermissionError):
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                address, port = fields[1].split(":")
+                found.append((_address(address), int(port, 16)))
+    return sorted(found)
