@@ -12,6 +12,10 @@ this rank belongs to, in id order, a cycle does:
    ready, checked for consistency.
 3. Execute: every member fuses and runs the same responses in the same order.
 
+Who runs the cycles: the engine thread, or a framework thread that waits for a handle (see
+`drive_until`); a lock lets exactly one of them drive at a time. Work overlapped with compute is
+the engine thread's; a synchronous op runs on its caller's thread, without thread hand-offs.
+
 A transport failure (dead or hung peer) fails every pending op with the peer named and stops
 the engine; `shutdown()` on any rank stops every rank's engine after the current cycle.
 """
@@ -19,14 +23,17 @@ the engine; `shutdown()` on any rank stops every rank's engine after the current
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
+
 from horovod.common import wire
 from horovod.common.engine.coordinator import Coordinator, stall_message
 from horovod.common.engine.executor import Executor
 from horovod.common.engine.fusion import plan_fusion
-from horovod.common.engine.handles import Entry
+from horovod.common.engine.handles import Entry, Handle
 from horovod.common.engine.messages import CACHEABLE, OpType, Request, Response
 from horovod.common.engine.response_cache import ResponseCache
 from horovod.common.exceptions import HorovodInternalError
@@ -37,6 +44,9 @@ from horovod.common.transport.base import PeerFailure, Transport
 _SHUTDOWN, _HAS_UNCACHED, _JOINED, _FORCE_SLOW = 1, 2, 4, 8
 # How often pending work is re-examined for stalls while nothing else happens.
 _TICK_SECONDS = 0.5
+# How long an idle engine thread that a peer calls into leaves for a local waiting thread to answer
+# (see _loop).
+JOIN_GRACE_SECONDS = 200e-6
 
 
 @dataclass
@@ -82,6 +92,9 @@ class Engine:
         self.fatal: HorovodInternalError | None = None
         self._last_cycle_start = 0.0
         self._executing: list[Entry | None] = []  # failed too if the engine dies mid-operation
+        self._drive = threading.Lock()  # held by whichever thread runs cycles (see drive_until)
+        self._finished = False  # no more cycles: the job shut down or the engine failed
+        self._cycles = 0
         self._thread = threading.Thread(target=self._run, name="hvd-engine", daemon=True)
 
     # -- framework-thread side --------------------------------------------------------------
@@ -114,6 +127,7 @@ class Engine:
                     )
             for entry in entries:
                 state.names.add(entry.name)
+                entry.handle.engine = self
             state.new.extend(entries)
         self._wake()
 
@@ -162,23 +176,65 @@ class Engine:
             coordinator = Coordinator(members, self.timeline if set_id == 0 else None)
         self.sets[set_id] = SetState(set_id, members, ResponseCache(self.settings.cache_capacity), coordinator)
 
-    # -- background thread ------------------------------------------------------------------
+    # -- who runs the engine: its own thread, or a framework thread that would only wait -----
+    def drive_until(self, handle: Handle) -> None:
+        """Run the engine on the calling thread until `handle` completes.
+
+        A thread blocked on a small collective would sit idle while the engine thread is woken
+        to do the work and then wakes it back: two thread hand-offs and a GIL contest that cost
+        more than the op itself. So a waiting thread runs the cycles itself; the engine thread
+        only works while no framework thread waits (overlap with compute, peer-initiated cycles).
+        """
+        if self._finished or threading.current_thread() is self._thread:
+            return
+        with self._drive:
+            if self._finished or handle.poll():
+                return
+            self.transport.set_caller_driving(True)
+            try:
+                self._guarded(self._drive_loop, handle)
+            finally:
+                peer_waiting = self.transport.set_caller_driving(False)
+        if peer_waiting or self._finished or self._has_new_work():
+            self._wake()  # the engine thread takes over what is left
+
+    def _drive_loop(self, handle: Handle) -> None:
+        while not handle.poll() and not self._finished:
+            if self._cycle_due() or self.transport.wait_for_activity(0, self._wake_r, driver=True):
+                self._run_cycle()
+                continue
+            timeout = self._idle_timeout()
+            self.transport.wait_for_activity(_TICK_SECONDS if timeout is None else min(timeout, _TICK_SECONDS),
+                                             self._wake_r, driver=True)
+            self._drain_wakes()
+            if not self._has_new_work():
+                self._check_stalls()
+
     def _run(self) -> None:
         try:
-            self._loop()
-        except PeerFailure as exc:
-            self._die(f"Horovod stopped on rank {self.rank}: {exc}. "
-                      "The rank named here is the one that failed; look at its output for the cause.")
-        except BaseException as exc:  # a bug of ours: report it on every pending op, never hang
-            log.error("engine failed: %r", exc, exc_info=True)
-            self._die(f"Horovod's engine failed on rank {self.rank}: {exc!r}")
+            self._guarded(self._loop)
         finally:
             self._stopped.set()
             self.transport.close()
             os.close(self._wake_r)
             os.close(self._wake_w)
 
+    def _guarded(self, work: Callable[..., None], *args: object) -> None:
+        """Run engine work; a failure fails every pending op with its cause and ends the engine."""
+        try:
+            work(*args)
+        except PeerFailure as exc:
+            self._die(f"Horovod stopped on rank {self.rank}: {exc}. "
+                      "The rank named here is the one that failed; look at its output for the cause.")
+        except (KeyboardInterrupt, SystemExit) as exc:  # a caller interrupted mid-cycle: peers can't resume
+            self._die(f"Horovod stopped on rank {self.rank}: interrupted ({type(exc).__name__}) during a cycle")
+            raise
+        except BaseException as exc:  # a bug of ours: report it on every pending op, never hang
+            log.error("engine failed: %r", exc, exc_info=True)
+            self._die(f"Horovod's engine failed on rank {self.rank}: {exc!r}")
+
     def _die(self, message: str) -> None:
+        self._finished = True
         in_flight = sorted({name for state in self.sets.values() for name in state.names}
                            | {entry.name for entry in self._executing if entry is not None})
         if in_flight:
@@ -206,30 +262,55 @@ class Engine:
         return ((self._shutdown_requested and not self._shutdown_announced) or self._force_cycle
                 or any(state.new for state in self.sets.values()))
 
+    def _cycle_due(self) -> bool:
+        """A lone op starts at once; ops arriving while others are in flight are batched for up
+        to one cycle time so they can be fused."""
+        return self._has_new_work() and (
+            not self._busy() or self._shutdown_requested
+            or time.monotonic() >= self._last_cycle_start + self.settings.cycle_time_ms / 1000.0)
+
+    def _idle_timeout(self) -> float | None:
+        """How long the engine may wait for peers before it has something to do itself."""
+        if self._has_new_work():
+            return max(0.0, self._last_cycle_start + self.settings.cycle_time_ms / 1000.0 - time.monotonic())
+        return _TICK_SECONDS if any(s.has_pending() for s in self.sets.values()) else None
+
+    def _run_cycle(self) -> None:
+        if not self._cycle():
+            self._finished = True
+
+    def _drain_wakes(self) -> None:
+        try:
+            os.read(self._wake_r, 4096)
+        except BlockingIOError:
+            pass
+
     def _loop(self) -> None:
-        cycle = self.settings.cycle_time_ms / 1000.0
-        while True:
-            now = time.monotonic()
-            if self._has_new_work():
-                # A lone op starts at once; ops arriving while others are in flight are batched
-                # for up to one cycle time so they can be fused.
-                if not self._busy() or now >= self._last_cycle_start + cycle or self._shutdown_requested:
-                    if not self._cycle():
-                        return
-                    continue
-                timeout = self._last_cycle_start + cycle - now
-            else:
-                timeout = _TICK_SECONDS if any(s.has_pending() for s in self.sets.values()) else None
-            peer_started = self.transport.wait_for_activity(timeout, self._wake_r)
-            try:
-                os.read(self._wake_r, 4096)
-            except BlockingIOError:
-                pass
-            if peer_started:
-                if not self._cycle():
+        """The engine thread: sleep (without the drive lock) until there is work or a peer
+        starts a cycle, then take the lock and do it, unless a waiting caller already has."""
+        while not self._finished:
+            timeout = 0.0 if self._cycle_due() else self._idle_timeout()
+            peer_started = False
+            if timeout != 0:
+                peer_started = self.transport.wait_for_activity(timeout, self._wake_r)
+                if peer_started and timeout is None and not self._has_new_work():
+                    # A peer started a cycle while we had nothing to submit. Our next op is most
+                    # likely being submitted right now by a thread that will wait for it and run
+                    # the cycle itself (drive_until); a cycle without it would achieve nothing and
+                    # cost another. Give that thread a moment; answer the peer only if none came.
+                    cycles = self._cycles
+                    select.select([self._wake_r], [], [], JOIN_GRACE_SECONDS)
+                    if self._cycles != cycles:
+                        continue
+            self._drain_wakes()
+            with self._drive:
+                if self._finished:
                     return
-            elif timeout is not None and not self._has_new_work():
-                self._check_stalls()
+                if self._cycle_due() or (peer_started and self.transport.wait_for_activity(0, self._wake_r,
+                                                                                             driver=True)):
+                    self._run_cycle()
+                elif timeout is not None and not self._has_new_work():
+                    self._check_stalls()
 
     def _check_stalls(self) -> None:
         """Warn (coordinator) or escalate stalled work; may request a cycle."""
@@ -255,6 +336,7 @@ class Engine:
     def _cycle(self) -> bool:
         """Run one lockstep cycle over every set this rank is in; False once the job shuts down."""
         self._last_cycle_start = time.monotonic()
+        self._cycles += 1
         if self.timeline is not None and self.timeline.active and self.timeline.mark_cycles:
             self.timeline.mark_cycle_start()
         force, self._force_cycle = self._force_cycle, False

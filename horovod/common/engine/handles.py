@@ -17,7 +17,7 @@ class Handle:
     `wait()` returns the output (a list for grouped calls) or raises the first error.
     """
 
-    __slots__ = ("_done", "_results", "_remaining", "_error", "grouped", "name")
+    __slots__ = ("_done", "_results", "_remaining", "_error", "grouped", "name", "engine")
 
     def __init__(self, count: int, grouped: bool, name: str) -> None:
         # A bare lock held until completion: waiting on it is one C call that releases the GIL,
@@ -28,6 +28,7 @@ class Handle:
         self._error: BaseException | None = None
         self.grouped = grouped
         self.name = name
+        self.engine: Any = None  # set on enqueue; a waiting thread runs it (Engine.drive_until)
         if count:
             self._done.acquire()
 
@@ -35,6 +36,8 @@ class Handle:
         return self._remaining == 0
 
     def wait(self, timeout: float | None = None) -> Any:
+        if self._remaining and timeout is None and self.engine is not None:
+            self.engine.drive_until(self)
         if self._remaining:
             if not self._done.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
                 raise TimeoutError(f"{self.name} did not complete within {timeout} s")
@@ -44,7 +47,8 @@ class Handle:
         return self._results if self.grouped else self._results[0]
 
     def complete(self, index: int, result: Any = None, error: BaseException | None = None) -> None:
-        """Called by the engine thread only, so the countdown needs no lock of its own."""
+        """Called only by the thread driving the engine (it holds the drive lock), so the countdown
+        needs no lock of its own."""
         if error is not None and self._error is None:
             self._error = error
         self._results[index] = result
