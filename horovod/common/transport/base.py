@@ -73,10 +73,19 @@ class Transport(ABC):
         """`root`'s payload, on every member."""
 
     @abstractmethod
-    def wait_for_activity(self, timeout: float | None, wake_fd: int) -> bool:
+    def wait_for_activity(self, timeout: float | None, wake_fd: int, driver: bool = False) -> bool:
         """Block until a peer sent something, `wake_fd` is readable, or `timeout` passes.
 
-        Returns True when a peer is talking to us (it has started a negotiation cycle)."""
+        Returns True when a peer is talking to us (it has started a negotiation cycle). Reads
+        nothing of the peer's message. Two threads may wait at once: the idle engine thread,
+        and (`driver`) the thread that holds the engine's drive lock."""
+
+    def set_caller_driving(self, on: bool) -> bool:
+        """A framework thread that would otherwise only block drives the engine (on), or no
+        longer does (off). Meanwhile the transport may spin longer before it sleeps, and peers
+        need not wake the idle engine thread. Off returns True when a peer's message is waiting
+        (the engine thread must be woken to answer it)."""
+        return False
 
     def fusion_buffer(self, nbytes: int) -> np.ndarray | None:
         """A uint8 buffer of `nbytes` that this transport reads without a copy (shared memory),

@@ -42,6 +42,7 @@ import mmap
 import os
 import secrets
 import select
+import selectors
 import socket
 import sys
 import threading
@@ -71,15 +72,21 @@ CHANNEL_BYTES = 64 * 1024
 # Up to this size an allreduce stages the whole buffer once and every rank reduces all of it.
 SMALL_ALLREDUCE_BYTES = 64 * 1024
 SPIN_SECONDS = 20e-6
-# How long an idle engine that a peer calls into waits for its own next collective (see _grace).
-JOIN_GRACE_SECONDS = 200e-6
+# While a framework thread drives the engine (it would only block otherwise) it spins longer: a
+# rank that sleeps takes 30-60 us to wake here, more than the whole small op.
+DRIVER_SPIN_SECONDS = 200e-6
 _VIA_TCP = 1 << 63
 
-# Header words of the control block. _WAITING: 0 while awake, else what we sleep on,
-# kind << 16 | (local index of the peer + 1), with _ANY_PEER for "a message from anyone"; _TARGET:
-# the counter value we wait for; _BLAME: 1 + the rank our failure report named.
-_WAITING, _CLOSED, _BLAME, _TARGET = 0, 1, 2, 3
+# Header words of the control block. Two threads of a rank may sleep: the one that drives the
+# engine (it holds the engine's drive lock) and the idle engine thread; each has its own words.
+# _WAITING (the driver's): 0 while awake, else what it sleeps on, kind << 16 | (local index of the
+# peer + 1), with _ANY_PEER for "a message from anyone"; _TARGET: the counter value it waits for.
+# _IDLE (the engine thread's): 1 while it sleeps idle, to be rung on any message, unless _DRIVEN
+# says a framework thread drives the engine and watches for messages itself.
+# _BLAME: 1 + the rank our failure report named.
+_WAITING, _CLOSED, _BLAME, _TARGET, _IDLE, _DRIVEN = 0, 1, 2, 3, 4, 5
 _ANY_PEER = 0xFFFF
+_IDLE_SUFFIX = ".idle"  # the idle engine thread's bell: the driver's bell address + this
 # After this many spins in a row that found nothing, skip spinning for a while (the machine is busy).
 _SPIN_MISSES, _SPIN_PAUSE = 8, 64
 _HEADER_WORDS = 8
@@ -215,14 +222,16 @@ class SharedMemory:
         local = len(self.members)
         self.layout = _Layout(local, _round_up(max(0, fusion_bytes)))
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        self.spin = SPIN_SECONDS if local <= cpus else 0.0
+        self._may_spin = local <= cpus  # spinning only helps while every local rank has a core
+        self.spin = SPIN_SECONDS if self._may_spin else 0.0
         self._spin_misses = self._spin_pause = 0
         self.rounds = [0] * local  # rounds completed with each peer
         self.slot_readers: list[list[tuple[int, int]]] = [[] for _ in range(DEPTH)]
         self._groups: dict[tuple[int, ...], tuple[list[int], int]] = {}
         self._fd = -1
         self._path: str | None = None
-        self._bell: socket.socket | None = None
+        self._bell: socket.socket | None = None  # rung for the thread that drives the engine
+        self._idle_bell: socket.socket | None = None  # rung for the idle engine thread
         self.segments: list[_Mapped] = []
         self._fusion_reserved = 0
         self._fusion_limit = self.layout.fusion_bytes
@@ -248,9 +257,10 @@ class SharedMemory:
             self._fd = os.open(self._path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
             os.ftruncate(self._fd, layout.total)
             os.posix_fallocate(self._fd, 0, layout.fixed)
-            self._bell = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-            self._bell.bind("\0" + name)
-            self._bell.setblocking(False)
+            self._bell, self._idle_bell = (socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) for _ in range(2))
+            for bell, address in ((self._bell, "\0" + name), (self._idle_bell, "\0" + name + _IDLE_SUFFIX)):
+                bell.bind(address)
+                bell.setblocking(False)
             info = ("ok", name, layout.fusion_bytes)
         except OSError as exc:
             info = (f"could not create a {layout.fixed >> 20} MiB segment in {SHM_DIR}: {exc}", "", 0)
@@ -312,8 +322,10 @@ class SharedMemory:
             for q in range(len(self.members)):
                 if q != self.me:
                     self._wake(q)
-        if self._bell is not None:
-            self._bell.close()
+                    self._wake(q, idle=True)
+        for bell in (self._bell, self._idle_bell):
+            if bell is not None:
+                bell.close()
         self._typed_views.clear()
         for seg in self.segments:
             seg.release()
@@ -330,16 +342,18 @@ class SharedMemory:
                 continue
             header = self.segments[q].header
             waiting = header[_WAITING]
-            if not waiting:
-                continue
-            on, kind = (waiting & 0xFFFF) - 1, waiting >> 16
-            if (on == me and kind in kinds and counters[kind][q] >= header[_TARGET]) or (
-                    on == _ANY_PEER - 1 and SENT in kinds):
-                self._wake(q)
+            if waiting:
+                on, kind = (waiting & 0xFFFF) - 1, waiting >> 16
+                if (on == me and kind in kinds and counters[kind][q] >= header[_TARGET]) or (
+                        on == _ANY_PEER - 1 and SENT in kinds):
+                    self._wake(q)
+                    continue
+            if SENT in kinds and header[_IDLE] and not header[_DRIVEN]:
+                self._wake(q, idle=True)
 
-    def _wake(self, q: int) -> None:
+    def _wake(self, q: int, idle: bool = False) -> None:
         try:
-            self._bell.sendto(b"\0", self.bell_address[q])
+            self._bell.sendto(b"\0", self.bell_address[q] + _IDLE_SUFFIX if idle else self.bell_address[q])
         except OSError:  # its bell is full (it will wake anyway) or it is gone
             pass
 
@@ -450,22 +464,40 @@ class SharedMemory:
             elif time.monotonic() - since > self.timeout:
                 raise self._failure(peer_rank, f"made no progress for {self.timeout:.0f} s (hung?)")
 
-    def set_sleeping(self, sleeping: bool) -> None:
-        """Around the engine's idle wait: any peer posting a message to us rings our bell."""
-        self.mine.header[_WAITING] = SENT << 16 | _ANY_PEER if sleeping else 0
-        if sleeping:
+    def set_listening(self, on: bool, driver: bool) -> None:
+        """Around a wait for any peer's message: posting one rings our bell. The driver and the
+        idle engine thread use different words, so neither clears the other's."""
+        self.mine.header[_WAITING if driver else _IDLE] = (SENT << 16 | _ANY_PEER if driver else 1) if on else 0
+        if on:
             _fence()
+
+    def set_driven(self, on: bool) -> bool:
+        """A framework thread drives the engine (on) or no longer does; when it stops, True if a
+        message arrived meanwhile that nobody has read (the engine thread must be woken)."""
+        self.mine.header[_DRIVEN] = int(on)
+        if self._may_spin:
+            self.spin = DRIVER_SPIN_SECONDS if on else SPIN_SECONDS
+        if on:
+            return False
+        _fence()
+        return self.pending()
 
     @property
     def bell(self) -> socket.socket:
         assert self._bell is not None
         return self._bell
 
-    def drain(self) -> None:
-        """Empty our bell (its rings have done their job: we are awake)."""
+    @property
+    def idle_bell(self) -> socket.socket:
+        assert self._idle_bell is not None
+        return self._idle_bell
+
+    def drain(self, idle: bool = False) -> None:
+        """Empty a bell (its rings have done their job: we are awake). Each thread drains only its
+        own: draining the other's could swallow a ring that its poll has not seen yet."""
         try:
             while True:
-                self.bell.recv(64)
+                (self.idle_bell if idle else self.bell).recv(64)
         except (BlockingIOError, InterruptedError):
             pass
 
@@ -860,7 +892,8 @@ class ShmTransport(Transport):
         self.tcp = TcpTransport(rank, size, rendezvous, secret_key, generation, rendezvous_addr,  # type: ignore[arg-type]
                                 start_timeout, peer_timeout, topology=topology, settings=settings)
         self.shm: SharedMemory | None = None
-        self._selector: object = None
+        self._selectors: dict[bool, selectors.BaseSelector] = {}  # the driver's and the idle engine thread's
+        self._selector_lock = threading.Lock()
         hostname = getattr(topology, "hostname", None) or socket.gethostname()
         self.hosts: list[str] = [hostname]
         if size > 1:
@@ -926,46 +959,41 @@ class ShmTransport(Transport):
     def bcast_bytes(self, group: Sequence[int], payload: bytes | None, root: int) -> bytes:
         return (self._on_host(group) or self.tcp).bcast_bytes(group, payload, root)
 
-    def wait_for_activity(self, timeout: float | None, wake_fd: int) -> bool:
+    def wait_for_activity(self, timeout: float | None, wake_fd: int, driver: bool = False) -> bool:
         shm = self.shm
         if shm is None:
-            return self.tcp.wait_for_activity(timeout, wake_fd)
+            return self.tcp.wait_for_activity(timeout, wake_fd, driver)
         if shm.pending():
-            if timeout is None:
-                self._grace(wake_fd)
             return True
-        if self._selector is None:
-            import selectors
-
-            self._selector = selectors.DefaultSelector()
-            self._selector.register(wake_fd, selectors.EVENT_READ, None)
-            self._selector.register(shm.bell, selectors.EVENT_READ, -1)
-            for r in range(self.size):
-                if r != self.rank:
-                    self._selector.register(self.tcp.peer(r).sock, selectors.EVENT_READ, r)
-        shm.set_sleeping(True)
+        if timeout != 0 and driver and shm.spin:  # the driver would block anyway: spin first
+            end = time.perf_counter() + (shm.spin if timeout is None else min(shm.spin, timeout))
+            while time.perf_counter() < end:
+                if shm.pending():
+                    return True
+        with self._selector_lock:  # the engine thread and a driving caller may both get here first
+            selector = self._selectors.get(driver)
+            if selector is None:
+                selector = self._selectors[driver] = selectors.DefaultSelector()
+                selector.register(wake_fd, selectors.EVENT_READ, None)
+                selector.register(shm.bell if driver else shm.idle_bell, selectors.EVENT_READ, -1)
+                for r in range(self.size):
+                    if r != self.rank:
+                        selector.register(self.tcp.peer(r).sock, selectors.EVENT_READ, r)
+        shm.set_listening(True, driver)
         try:
-            events = [] if shm.pending() else self._selector.select(timeout)
+            events = [] if shm.pending() else selector.select(timeout)
         finally:
-            shm.set_sleeping(False)
-        shm.drain()
-        if not (shm.pending() or any(key.data is not None and key.data >= 0 for key, _ in events)):
-            return False
-        if timeout is None and not any(key.data is None for key, _ in events):
-            self._grace(wake_fd)
-        return True
+            shm.set_listening(False, driver)
+        shm.drain(idle=not driver)
+        return shm.pending() or any(key.data is not None and key.data >= 0 for key, _ in events)
 
-    @staticmethod
-    def _grace(wake_fd: int) -> None:
-        """A peer started a negotiation cycle while our engine was idle (timeout None: nothing of
-        ours is waiting). Our own next collective is most likely being submitted right now; a
-        cycle without it would achieve nothing and cost another. Give it a moment to arrive."""
-        select.select([wake_fd], [], [], JOIN_GRACE_SECONDS)
+    def set_caller_driving(self, on: bool) -> bool:
+        return self.shm.set_driven(on) if self.shm is not None else False
 
     def close(self) -> None:
-        if self._selector is not None:
-            self._selector.close()
-            self._selector = None
+        for selector in self._selectors.values():
+            selector.close()
+        self._selectors.clear()
         if self.shm is not None:
             self.shm.close()
         self.tcp.close()

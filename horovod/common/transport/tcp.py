@@ -267,6 +267,7 @@ class TcpTransport(Transport):
         self._peers: dict[int, _Peer] = {}
         self._scratch = np.empty(0, np.uint8)
         self._selector: selectors.BaseSelector | None = None
+        self._selector_lock = threading.Lock()
         self.deaths: DeathWatch | None = None
         self.hostname = getattr(topology, "hostname", None) or socket.gethostname()
         self.hosts: dict[int, str] = {rank: self.hostname}  # where each rank runs, for messages
@@ -536,12 +537,13 @@ class TcpTransport(Transport):
         self._flush(others)
         return payload
 
-    def wait_for_activity(self, timeout: float | None, wake_fd: int) -> bool:
-        if self._selector is None:
-            self._selector = selectors.DefaultSelector()
-            self._selector.register(wake_fd, selectors.EVENT_READ, None)
-            for peer in self._peers.values():
-                self._selector.register(peer.sock, selectors.EVENT_READ, peer.rank)
+    def wait_for_activity(self, timeout: float | None, wake_fd: int, driver: bool = False) -> bool:
+        with self._selector_lock:  # the engine thread and a driving caller may both get here first
+            if self._selector is None:
+                self._selector = selectors.DefaultSelector()
+                self._selector.register(wake_fd, selectors.EVENT_READ, None)
+                for peer in self._peers.values():
+                    self._selector.register(peer.sock, selectors.EVENT_READ, peer.rank)
         events = self._selector.select(timeout)
         return any(key.data is not None for key, _ in events)
 
