@@ -7,7 +7,7 @@ its own raise `ValueError` here, on the calling rank, before anything is sent.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -231,6 +231,14 @@ def barrier_async(process_set: ProcessSet = global_process_set) -> Handle:
     handle = Handle(1, False, "barrier.noname")
     rt.submit(process_set, [Entry(_request(rt, OpType.BARRIER, "barrier.noname", None), None, None, handle)])
     return handle
+
+
+def run_now(submit: Callable[[], Handle]) -> Any:
+    """Submit with `submit()` and wait for the result on this thread, which runs the engine
+    itself meanwhile (the blocking form of every collective; see Engine.caller_waits)."""
+    with basics.runtime().engine.caller_waits():
+        handle = submit()
+    return handle.wait()
 
 
 def poll(handle: Handle) -> bool:

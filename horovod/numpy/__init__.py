@@ -32,6 +32,7 @@ from horovod.common.ops import (
     join_async,
     poll,
     reducescatter_async,
+    run_now,
     synchronize,
 )
 from horovod.common.process_sets import ProcessSet, global_process_set
@@ -46,60 +47,60 @@ def _contiguous(tensor: np.ndarray) -> np.ndarray:
 def allreduce(tensor: np.ndarray, name: str | None = None, op: int = Average, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Reduced copy of `tensor` (Average by default; integer averages truncate toward zero)."""
-    return allreduce_async(_contiguous(tensor), name, op, prescale_factor, postscale_factor,
-                           process_set).wait()
+    return run_now(lambda: allreduce_async(_contiguous(tensor), name, op, prescale_factor, postscale_factor,
+                                           process_set))
 
 
 def grouped_allreduce(tensors: Sequence[np.ndarray], name: str | None = None, op: int = Average,
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
-    return grouped_allreduce_async([_contiguous(t) for t in tensors], name, op, prescale_factor,
-                                   postscale_factor, process_set).wait()
+    return run_now(lambda: grouped_allreduce_async([_contiguous(t) for t in tensors], name, op, prescale_factor,
+                                                   postscale_factor, process_set))
 
 
 def allgather(tensor: np.ndarray, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return allgather_async(_contiguous(tensor), name, process_set).wait()
+    return run_now(lambda: allgather_async(_contiguous(tensor), name, process_set))
 
 
 def grouped_allgather(tensors: Sequence[np.ndarray], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
-    return grouped_allgather_async([_contiguous(t) for t in tensors], name, process_set).wait()
+    return run_now(lambda: grouped_allgather_async([_contiguous(t) for t in tensors], name, process_set))
 
 
 def broadcast(tensor: np.ndarray, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return broadcast_async(_contiguous(tensor), root_rank, name, process_set).wait()
+    return run_now(lambda: broadcast_async(_contiguous(tensor), root_rank, name, process_set))
 
 
 def alltoall(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = None, name: str | None = None,
              process_set: ProcessSet = global_process_set) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Rows scattered by `splits`; returns the received rows, plus the received splits when
     `splits` was given (as Horovod does)."""
-    output, received = alltoall_async(_contiguous(tensor), splits, name, process_set).wait()
+    output, received = run_now(lambda: alltoall_async(_contiguous(tensor), splits, name, process_set))
     return output if splits is None else (output, received)
 
 
 def reducescatter(tensor: np.ndarray, name: str | None = None, op: int = Average, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> np.ndarray:
-    return reducescatter_async(_contiguous(tensor), name, op, prescale_factor, postscale_factor,
-                               process_set).wait()
+    return run_now(lambda: reducescatter_async(_contiguous(tensor), name, op, prescale_factor, postscale_factor,
+                                               process_set))
 
 
 def grouped_reducescatter(tensors: Sequence[np.ndarray], name: str | None = None, op: int = Average,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                           process_set: ProcessSet = global_process_set) -> list[np.ndarray]:
-    return grouped_reducescatter_async([_contiguous(t) for t in tensors], name, op, prescale_factor,
-                                       postscale_factor, process_set).wait()
+    return run_now(lambda: grouped_reducescatter_async([_contiguous(t) for t in tensors], name, op, prescale_factor,
+                                                       postscale_factor, process_set))
 
 
 def join(process_set: ProcessSet = global_process_set) -> int:
     """Block until every rank joined; returns the global rank that joined last."""
-    return join_async(process_set).wait()
+    return run_now(lambda: join_async(process_set))
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    barrier_async(process_set).wait()
+    run_now(lambda: barrier_async(process_set))
 
 
 __all__ = list(_common_all) + [

@@ -7,7 +7,8 @@ Every public function here is a few lines over one generic path:
   A CUDA tensor is staged through a host copy until a GPU transport exists.
 * `_start` submits the arrays to `horovod.common.ops` and returns a `_Pending` whose `wait()`
   turns the core's result back into tensors (again without copying on CPU). In-place variants
-  (trailing `_`) let the core write the result straight into the tensor's memory.
+  (trailing `_`) let the core write the result straight into the tensor's memory. Blocking
+  variants use `_run`: submit and wait, with this thread running the engine meanwhile.
 * `_Collective` is the single autograd node of the differentiable (out-of-place, blocking)
   variants; each op supplies its gradient rule as a closure.
 
@@ -132,6 +133,13 @@ def _start(kind: str, tensors: Sequence[torch.Tensor], grouped: bool = False, in
     return _Pending(handle, finish)
 
 
+def _run(kind: str, tensors: Sequence[torch.Tensor], **kwargs: Any) -> Any:
+    """Submit and wait: this thread runs the engine itself (see Engine.caller_waits)."""
+    with basics.runtime().engine.caller_waits():
+        pending = _start(kind, tensors, **kwargs)
+    return pending.wait()
+
+
 # -- integer handles ----------------------------------------------------------------------------------
 _handle_map: dict[int, _Pending] = {}
 _handle_ids = itertools.count(1)
@@ -197,7 +205,7 @@ def _differentiable(kind: str, tensors: Sequence[torch.Tensor], grad: Callable[.
     compressed = [compression.compress(t) for t in tensors]
 
     def run(*ts: torch.Tensor) -> tuple:
-        result = _start(kind, ts, grouped=grouped, **kwargs).wait()
+        result = _run(kind, ts, grouped=grouped, **kwargs)
         return tuple(result) if grouped else (result,)
 
     outputs = _Collective.apply(run, grad, *(c for c, _ in compressed))
@@ -246,9 +254,9 @@ def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | No
                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduce `tensor` in place and return it."""
-    return _start("allreduce", [tensor], inplace=True, name=name, op=resolve_op(op, average),
+    return _run("allreduce", [tensor], inplace=True, name=name, op=resolve_op(op, average),
                   prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                  process_set=process_set).wait()
+                  process_set=process_set)
 
 
 def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
@@ -280,9 +288,9 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
                        op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
-    return _start("allreduce", tensors, grouped=True, inplace=True, name=name, op=resolve_op(op, average),
+    return _run("allreduce", tensors, grouped=True, inplace=True, name=name, op=resolve_op(op, average),
                   prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-                  process_set=process_set).wait()
+                  process_set=process_set)
 
 
 def _allreduce(tensors: Sequence[torch.Tensor], name: str | None, compression: type[Compressor], op: int,
@@ -375,8 +383,8 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
-    return _start("broadcast", [tensor], inplace=True, root_rank=root_rank, name=name,
-                  process_set=process_set).wait()
+    return _run("broadcast", [tensor], inplace=True, root_rank=root_rank, name=name,
+                  process_set=process_set)
 
 
 # -- alltoall ---------------------------------------------------------------------------------------------
@@ -405,7 +413,7 @@ def alltoall(tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | None =
     received: list[torch.Tensor] = []
 
     def run(t: torch.Tensor) -> tuple:
-        output, from_each = _start("alltoall", [t], splits=split_list, name=name, process_set=process_set).wait()
+        output, from_each = _run("alltoall", [t], splits=split_list, name=name, process_set=process_set)
         received.append(from_each)
         return output, from_each
 
@@ -466,9 +474,9 @@ def join(device: int = -1) -> int:
     it contributes zeros to the others' allreduces. Returns the global rank that joined last.
 
     `device` is accepted for compatibility (there is no GPU transport to pick yet)."""
-    return ops.join_async().wait()
+    return ops.run_now(ops.join_async)
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Wait until every member of the set reached this call."""
-    ops.barrier_async(process_set).wait()
+    ops.run_now(lambda: ops.barrier_async(process_set))

@@ -22,12 +22,13 @@ the engine; `shutdown()` on any rank stops every rank's engine after the current
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Iterator
 
 from horovod.common import wire
 from horovod.common.engine.coordinator import Coordinator, stall_message
@@ -93,6 +94,7 @@ class Engine:
         self._last_cycle_start = 0.0
         self._executing: list[Entry | None] = []  # failed too if the engine dies mid-operation
         self._drive = threading.Lock()  # held by whichever thread runs cycles (see drive_until)
+        self._submitter = threading.local()  # will_wait: see caller_waits
         self._finished = False  # no more cycles: the job shut down or the engine failed
         self._cycles = 0
         self._thread = threading.Thread(target=self._run, name="hvd-engine", daemon=True)
@@ -129,7 +131,19 @@ class Engine:
                 state.names.add(entry.name)
                 entry.handle.engine = self
             state.new.extend(entries)
-        self._wake()
+        if not getattr(self._submitter, "will_wait", False):
+            self._wake()
+
+    @contextlib.contextmanager
+    def caller_waits(self) -> Iterator[None]:
+        """Around a submission whose caller waits for it at once: it will run the cycle itself
+        (drive_until), so the engine thread is not woken; waking it would only make the two
+        threads compete for the GIL and the drive lock."""
+        self._submitter.will_wait = True
+        try:
+            yield
+        finally:
+            self._submitter.will_wait = False
 
     def _wake(self) -> None:
         try:
