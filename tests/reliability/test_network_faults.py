@@ -14,6 +14,7 @@ Also here: which addresses a job listens on (loopback only for a one-host job).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -174,12 +175,13 @@ NO_WATCH = "def stop_watching():\n    return None\n"
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
 
 
-def _start(hosts: Hosts, code: str, extra: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], Path]:
+def _start(hosts: Hosts, code: str, extra: list[str], env: dict[str, str],
+           per_host: int = 1) -> tuple[subprocess.Popen[str], Path]:
     tmp = Path(tempfile.mkdtemp())
     script = tmp / "train.py"
     script.write_text(textwrap.dedent(code))
-    argv = [sys.executable, "-m", "horovod.runner.launch", "-np", "2", "-H",
-            f"{hosts.addresses[0]}:1,{hosts.addresses[1]}:1", *extra, sys.executable, str(script)]
+    argv = [sys.executable, "-m", "horovod.runner.launch", "-np", str(2 * per_host), "-H",
+            f"{hosts.addresses[0]}:{per_host},{hosts.addresses[1]}:{per_host}", *extra, sys.executable, str(script)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp,
                             env=hosts.env(env))
     return proc, tmp
@@ -202,16 +204,20 @@ def report(**values):
 '''
 
 
-def test_a_host_cut_off_mid_training_fails_every_rank_within_the_bound_naming_the_peer(hosts: Hosts) -> None:
+@pytest.mark.parametrize("per_host", [1, 2], ids=["1-rank-per-host", "2-ranks-per-host"])
+def test_a_host_cut_off_mid_training_fails_every_rank_within_the_bound_naming_the_peer(
+        hosts: Hosts, per_host: int) -> None:
+    # Two ranks per host: shared memory within a host, TCP between them (hierarchical allreduce).
+    size = 2 * per_host
     proc, _ = _start(hosts, PRELUDE + WATCH_LISTENERS + TRAIN, [],
-                     {"HOROVOD_FAILURE_DETECTION_SECONDS": str(DETECTION_SECONDS)})
+                     {"HOROVOD_FAILURE_DETECTION_SECONDS": str(DETECTION_SECONDS)}, per_host)
     stdout = ""
     try:
-        # Wait until both ranks are training, then isolate host b.
+        # Wait until every rank is training, then isolate host b.
         deadline = time.monotonic() + 60
         ready: set[int] = set()
         assert proc.stdout is not None
-        while len(ready) < 2:
+        while len(ready) < size:
             assert time.monotonic() < deadline, "the job did not start training"
             line = proc.stdout.readline()
             assert line, f"horovodrun ended early: {proc.stderr.read() if proc.stderr else ''}"
@@ -231,13 +237,16 @@ def test_a_host_cut_off_mid_training_fails_every_rank_within_the_bound_naming_th
     assert proc.returncode != 0, stdout + err
     # The store listens on the bridge address only; each rank's data listener on its own host's.
     assert launcher_listens and {address for address, _ in launcher_listens} == {hosts.launcher_address}
-    assert ranks[0]["listening"] == [hosts.addresses[0]], ranks[0]
-    assert set(ranks[1]["listening"]) <= {hosts.addresses[1]}, ranks[1]  # it may be too quick to see
-    for rank, peer in ((0, 1), (1, 0)):
+    for rank in range(size):
+        host = rank // per_host
+        # The last rank may be too quick to see: nobody has to connect to it.
+        seen = ranks[rank]["listening"]
+        assert seen == [hosts.addresses[host]] or (rank == size - 1 and seen == []), (rank, seen)
+        other = hosts.addresses[1 - host]
         error = ranks[rank]["error"]
         assert error is not None and error.startswith("HorovodInternalError: "), error
-        assert f"rank {peer} on host {hosts.addresses[peer]}" in error, error
-        assert "stopped answering" in error, error
+        # It names a rank on the other side of the cut, and its host, as unreachable.
+        assert re.search(rf"rank \d+ on host {re.escape(other)} stopped answering", error), error
         assert ranks[rank]["caught"] - cut_at < BOUND_SECONDS, (ranks[rank]["caught"] - cut_at, error)
     summary = err[err.index("Horovod detected that one or more processes"):]
     assert "The first process to fail was:" in summary and "exit code 1" in summary

@@ -38,6 +38,8 @@ SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 # poll() events of a connection whose other end closed or broke (POLLRDHUP: Linux only).
 HANGUP = getattr(select, "POLLRDHUP", 0) | getattr(select, "POLLHUP", 0) | getattr(select, "POLLERR", 0)
 CLOSED_BY_PEER = "closed its connection (its process exited or crashed)"
+# How long to wait for a rank's connection to close when another rank says it failed (see _hung_up).
+HANGUP_GRACE_SECONDS = 0.1
 # While waiting for peers at start-up, how often to ask the launcher whether a rank has gone.
 SETUP_POLL_SECONDS = 0.25
 # The launcher enforces the start timeout and names the rank that did not join; a rank's own
@@ -56,9 +58,16 @@ class DeathWatch:
     """
 
     def __init__(self, rank: int, sockets: dict[int, socket.socket], store: RendezvousClient, scope: str,
-                 hosts: dict[int, str] | None = None) -> None:
+                 hosts: dict[int, str] | None = None,
+                 detection_seconds: float = DEFAULT_FAILURE_DETECTION_SECONDS) -> None:
         self.first: int | None = None  # the rank that failed first, once known
         self.hosts = hosts or {}  # where each rank runs, for messages
+        self._sockets = dict(sockets)
+        self._detection_seconds = detection_seconds
+        self._reasons: dict[int, str] = {}  # ranks whose host stopped answering (the kernel said so)
+        self._reasons_lock = threading.Lock()
+        self._told: dict[int, str] = {}  # how a rank failed, as the rank that blamed it put it
+        self._reported_reason = ""
         self.listeners: list = []  # called (on the watch thread) when a connection closes
         self.local_cause: Callable[[int], int | None] | None = None  # whom a rank blamed, if known locally
         self.reported: int | None = None  # the rank our own failure report named
@@ -79,10 +88,30 @@ class DeathWatch:
                 if fd == self._stop_r:
                     return
                 self._poll.unregister(fd)
+                self._kernel_reason(self._ranks[fd])
                 if self.first is None:
                     self.first = self._cause(self._ranks[fd])
                 for listener in list(self.listeners):
                     listener()
+
+    def note_unreachable(self, rank: int, reason: str) -> None:
+        """A read or write to `rank` failed because its host stopped answering (that error is
+        reported once: remember it for later messages)."""
+        with self._reasons_lock:
+            self._reasons.setdefault(rank, reason)
+
+    def _kernel_reason(self, rank: int) -> str | None:
+        """Why the connection to `rank` broke when it was not closed but timed out or lost its route
+        (a cut network, a host down): the socket's pending error says so, once; kept here."""
+        with self._reasons_lock:
+            if rank not in self._reasons and rank in self._sockets:
+                try:
+                    code = self._sockets[rank].getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+                except OSError:
+                    code = 0
+                if code in _UNREACHABLE:
+                    self._reasons[rank] = unreachable(self._detection_seconds, OSError(code, os.strerror(code)))
+            return self._reasons.get(rank)
 
     def _cause(self, rank: int) -> int:
         """Whom `rank` blamed when it stopped, or `rank` itself if it left no word (it crashed)."""
@@ -91,22 +120,44 @@ class DeathWatch:
         if known is not None:
             return known
         try:
-            return int(self._store.get(self._scope, f"blame.{rank}", 0.0))
+            blamed, _, why = self._store.get(self._scope, f"blame.{rank}", 0.0).decode().partition("\n")
+            if why:
+                self._told.setdefault(int(blamed), why)
+            return int(blamed)
         except (TimeoutError, OSError, ValueError):
             return rank
 
+    def _hung_up(self, rank: int) -> bool:
+        """Whether `rank`'s end of its connection closes within a moment, as a crashed process's
+        does (a dying process closes its sockets one after another: another rank may have seen
+        one of them close, and stopped, before ours does)."""
+        try:
+            probe = select.poll()
+            probe.register(self._sockets[rank], HANGUP)
+            return bool(probe.poll(int(HANGUP_GRACE_SECONDS * 1000)))
+        except (KeyError, ValueError, OSError):
+            return False
+
     def blame(self, rank: int, reason: str) -> PeerFailure:
-        """The failure to report when talking to `rank` failed for `reason`."""
+        """The failure to report when talking to `rank` failed for `reason`: the rank that failed
+        first, and how, as far as this rank can tell (it may only know that another blamed it)."""
         first = self.first if self.first is not None else self._cause(rank)
+        if first == rank:
+            how = self._kernel_reason(first) or reason
+        else:
+            how = (self._kernel_reason(first) or self._told.get(first)
+                   or (CLOSED_BY_PEER if self._hung_up(first) else f"failed, according to rank {rank}, "
+                       "which stopped because of it"))
         if self.reported is None:
-            self.reported = first
-        return PeerFailure(first, reason if first == rank else CLOSED_BY_PEER, self.hosts.get(first))
+            self.reported, self._reported_reason = first, how
+        return PeerFailure(first, how, self.hosts.get(first))
 
     def announce(self) -> None:
-        """Before our connections close: tell the others whom we blamed, if we failed."""
+        """Before our connections close: tell the others whom we blamed and why, if we failed."""
         if self.reported is not None:
             try:
-                self._store.put(self._scope, f"blame.{self._rank}", str(self.reported).encode())
+                self._store.put(self._scope, f"blame.{self._rank}",
+                                f"{self.reported}\n{self._reported_reason}".encode())
             except OSError:
                 pass
 
@@ -201,7 +252,10 @@ class _Peer:
         if isinstance(exc, (ConnectionResetError, BrokenPipeError, wire.WireError)):
             return self._blame(CLOSED_BY_PEER)
         if getattr(exc, "errno", None) in _UNREACHABLE:
-            return self._blame(unreachable(self.detection_seconds, exc))
+            reason = unreachable(self.detection_seconds, exc)
+            if self.deaths is not None:
+                self.deaths.note_unreachable(self.rank, reason)
+            return self._blame(reason)
         return self._blame(f"connection failed: {exc}")
 
     def _blame(self, reason: str) -> PeerFailure:
@@ -267,7 +321,6 @@ class TcpTransport(Transport):
         self._peers: dict[int, _Peer] = {}
         self._scratch = np.empty(0, np.uint8)
         self._selector: selectors.BaseSelector | None = None
-        self._selector_lock = threading.Lock()
         self.deaths: DeathWatch | None = None
         self.hostname = getattr(topology, "hostname", None) or socket.gethostname()
         self.hosts: dict[int, str] = {rank: self.hostname}  # where each rank runs, for messages
@@ -328,7 +381,7 @@ class TcpTransport(Transport):
             peer.sock.settimeout(peer_timeout)
         if HANGUP & getattr(select, "POLLRDHUP", 0):
             self.deaths = DeathWatch(self.rank, {r: peer.sock for r, peer in self._peers.items()}, rendezvous,
-                                     f"transport.{generation}", self.hosts)
+                                     f"transport.{generation}", self.hosts, self.detection_seconds)
             for peer in self._peers.values():
                 peer.deaths = self.deaths
 
@@ -537,13 +590,12 @@ class TcpTransport(Transport):
         self._flush(others)
         return payload
 
-    def wait_for_activity(self, timeout: float | None, wake_fd: int, driver: bool = False) -> bool:
-        with self._selector_lock:  # the engine thread and a driving caller may both get here first
-            if self._selector is None:
-                self._selector = selectors.DefaultSelector()
-                self._selector.register(wake_fd, selectors.EVENT_READ, None)
-                for peer in self._peers.values():
-                    self._selector.register(peer.sock, selectors.EVENT_READ, peer.rank)
+    def wait_for_activity(self, timeout: float | None, wake_fd: int) -> bool:
+        if self._selector is None:
+            self._selector = selectors.DefaultSelector()
+            self._selector.register(wake_fd, selectors.EVENT_READ, None)
+            for peer in self._peers.values():
+                self._selector.register(peer.sock, selectors.EVENT_READ, peer.rank)
         events = self._selector.select(timeout)
         return any(key.data is not None for key, _ in events)
 
