@@ -154,7 +154,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             if rendezvous is not None:
                 rendezvous.close()
             if isinstance(exc, (PeerFailure, TimeoutError)):
-                raise HorovodInternalError(f"hvd.init() failed on rank {topo.rank}: {exc}") from exc
+                raise HorovodInternalError(f"hvd.init() failed on rank {topo.rank}: {exc}") from None
             raise
         timeline = None
         if topo.rank == 0:

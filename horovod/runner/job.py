@@ -336,8 +336,8 @@ class Job:
         missing = [worker for worker in workers if worker.slot.rank not in joined]
         if not missing or now - first_join <= self.spec.start_timeout:
             return first_join, None
-        what = (f"did not join the job (call hvd.init() and reach the rendezvous store) within the start "
-                f"timeout ({self.spec.start_timeout:g} s, --start-timeout) of the first rank that did")
+        what = (f"did not join the job within the start timeout ({self.spec.start_timeout:g} s, --start-timeout) "
+                "of the first rank that did (it has not called hvd.init(), or cannot reach the rendezvous store)")
         for worker in missing:
             self._lost(worker.slot, what)
         ranks = ", ".join(str(worker.slot.rank) for worker in missing)

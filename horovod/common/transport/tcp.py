@@ -67,6 +67,7 @@ class DeathWatch:
         self._reasons: dict[int, str] = {}  # ranks whose host stopped answering (the kernel said so)
         self._reasons_lock = threading.Lock()
         self._told: dict[int, str] = {}  # how a rank failed, as the rank that blamed it put it
+        self._tellers: dict[int, int] = {}  # who blamed a rank (the first to tell us)
         self._reported_reason = ""
         self.listeners: list = []  # called (on the watch thread) when a connection closes
         self.local_cause: Callable[[int], int | None] | None = None  # whom a rank blamed, if known locally
@@ -117,15 +118,17 @@ class DeathWatch:
         """Whom `rank` blamed when it stopped, or `rank` itself if it left no word (it crashed)."""
         local_cause = self.local_cause
         known = local_cause(rank) if local_cause is not None else None
-        if known is not None:
-            return known
-        try:
-            blamed, _, why = self._store.get(self._scope, f"blame.{rank}", 0.0).decode().partition("\n")
-            if why:
-                self._told.setdefault(int(blamed), why)
-            return int(blamed)
-        except (TimeoutError, OSError, ValueError):
-            return rank
+        if known is None:
+            try:
+                blamed, _, why = self._store.get(self._scope, f"blame.{rank}", 0.0).decode().partition("\n")
+                known = int(blamed)
+                if why:
+                    self._told.setdefault(known, why)
+            except (TimeoutError, OSError, ValueError):
+                return rank
+        if known != rank:
+            self._tellers.setdefault(known, rank)
+        return known
 
     def _hung_up(self, rank: int) -> bool:
         """Whether `rank`'s end of its connection closes within a moment, as a crashed process's
@@ -142,12 +145,16 @@ class DeathWatch:
         """The failure to report when talking to `rank` failed for `reason`: the rank that failed
         first, and how, as far as this rank can tell (it may only know that another blamed it)."""
         first = self.first if self.first is not None else self._cause(rank)
+        seen = self._kernel_reason(rank)  # what this rank's own connection to `rank` says
         if first == rank:
-            how = self._kernel_reason(first) or reason
+            how = seen or reason
+        elif seen and not self._kernel_reason(first):
+            first, how = rank, seen  # a network fault we saw ourselves beats what another rank said
         else:
+            teller = self._tellers.get(first, rank)
             how = (self._kernel_reason(first) or self._told.get(first)
-                   or (CLOSED_BY_PEER if self._hung_up(first) else f"failed, according to rank {rank}, "
-                       "which stopped because of it"))
+                   or (CLOSED_BY_PEER if self._hung_up(first) else
+                       f"failed, according to rank {teller}, which stopped because of it"))
         if self.reported is None:
             self.reported, self._reported_reason = first, how
         return PeerFailure(first, how, self.hosts.get(first))
@@ -620,7 +627,7 @@ def _raise_if_lost(rendezvous: RendezvousClient) -> None:
         return
     if lost is not None:
         rank, host, what = lost
-        raise PeerFailure(rank, f"{what} before the job was set up", host)
+        raise PeerFailure(rank, f"{what}, so the job cannot be set up", host) from None  # the whole story
 
 
 def _segment_bounds(total: int, counts: Sequence[int]) -> list[tuple[int, int]]:
