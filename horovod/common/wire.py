@@ -111,12 +111,17 @@ def handshake(sock: socket.socket, key: bytes, initiator: bool) -> None:
             raise AuthenticationError("peer failed authentication (wrong secret key)")
         sock.sendall(_digest(key, b"initiator", my_nonce, their_nonce))
         return
-    hello = recv_exact(sock, len(MAGIC) + NONCE_BYTES)
-    if bytes(hello[: len(MAGIC)]) != MAGIC:
-        raise WireError("peer does not speak the khorovod protocol")
-    their_nonce = bytes(hello[len(MAGIC) :])
-    sock.sendall(MAGIC + my_nonce + _digest(key, b"acceptor", their_nonce, my_nonce))
-    proof = bytes(recv_exact(sock, DIGEST_BYTES))
+    try:
+        # The magic first, so a stranger speaking another protocol is named as such at once.
+        if bytes(recv_exact(sock, len(MAGIC))) != MAGIC:
+            raise WireError("peer does not speak the khorovod protocol")
+        their_nonce = bytes(recv_exact(sock, NONCE_BYTES))
+        sock.sendall(MAGIC + my_nonce + _digest(key, b"acceptor", their_nonce, my_nonce))
+        proof = bytes(recv_exact(sock, DIGEST_BYTES))
+    except WireError as exc:
+        if "closed by peer" not in str(exc):
+            raise
+        raise WireError("peer closed the connection before it authenticated") from None
     if not hmac.compare_digest(proof, _digest(key, b"initiator", their_nonce, my_nonce)):
         raise AuthenticationError("peer failed authentication (wrong secret key)")
 
