@@ -84,7 +84,8 @@ def make_parser() -> argparse.ArgumentParser:
         help="Accepted for compatibility: Horovod caches its ssh/network checks; this launcher "
         "keeps no cache, so the flag changes nothing.")
     add("--start-timeout", type=int, metavar="SECONDS",
-        help="Seconds a worker may wait in hvd.init() for all its peers to join before it gives up "
+        help="Every rank must call hvd.init() within this many seconds of the first rank that did, "
+        "or the job is stopped naming the late ranks; also bounds ssh's connection to remote hosts "
         "(exported as HOROVOD_START_TIMEOUT). Default: $HOROVOD_START_TIMEOUT, else 30.")
     add("--network-interfaces", dest="nics", action=_CommaListAction,
         help="Comma-separated network interfaces (e.g. 'eth0,eth1') to use between hosts. The "
