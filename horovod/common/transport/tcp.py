@@ -371,10 +371,10 @@ class TcpTransport(Transport):
                     _raise_if_lost(rendezvous)
                     continue
                 hello = self._greet(sock, key, generation, deadline)
-                if hello is None:
+                if isinstance(hello, str):
                     from horovod.common.logging import log
 
-                    log.warning("rank %d: refused a data connection from %s", self.rank, addr)
+                    log.warning("rank %d: refused a data connection from %s: %s", self.rank, addr, hello)
                     sock.close()
                     continue
                 self.hosts[hello[1]] = hello[3]
@@ -422,20 +422,23 @@ class TcpTransport(Transport):
         _tune(sock, self.detection_seconds)
         return sock
 
-    def _greet(self, sock: socket.socket, key: bytes, generation: int, deadline: float) -> tuple | None:
-        """Authenticate an incoming connection; its greeting, or None for a stranger. A real peer
+    def _greet(self, sock: socket.socket, key: bytes, generation: int, deadline: float) -> tuple | str:
+        """Authenticate an incoming connection: its greeting, or why it was refused. A real peer
         speaks at once, so a silent stranger cannot hold up start-up for long."""
+        wait = max(0.1, min(max(1.0, self.detection_seconds), deadline - time.monotonic()))
         try:
-            sock.settimeout(max(0.1, min(max(1.0, self.detection_seconds), deadline - time.monotonic())))
+            sock.settimeout(wait)
             _tune(sock, self.detection_seconds)
             wire.handshake(sock, key, initiator=False)
             hello = wire.recv_message(sock, max_bytes=1024)
-        except (wire.WireError, OSError):
-            return None
+        except socket.timeout:
+            return f"it sent nothing for {wait:g} s"
+        except (wire.WireError, OSError) as exc:
+            return str(exc)
         if not (isinstance(hello, tuple) and len(hello) == 4 and hello[0] == "hello" and hello[2] == generation
                 and isinstance(hello[1], int) and self.rank < hello[1] < self.size
                 and hello[1] not in self._peers and isinstance(hello[3], str)):
-            return None
+            return f"unexpected greeting {hello!r:.80}"
         return hello
 
     def _add_peer(self, rank: int, sock: socket.socket, peer_timeout: float) -> None:
