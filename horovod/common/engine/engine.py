@@ -81,9 +81,12 @@ class Engine:
         self.sets: dict[int, SetState] = {}
         for set_id, members in sets.items():
             self._register_set(set_id, members)
+        # Two wake-up pipes: one for the idle engine thread, one for a caller driving the engine
+        # (sharing one, either could drain a wake-up meant for the other).
         self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
-        os.set_blocking(self._wake_r, False)
+        self._driver_wake_r, self._driver_wake_w = os.pipe()
+        for fd in (self._wake_r, self._wake_w, self._driver_wake_r, self._driver_wake_w):
+            os.set_blocking(fd, False)
         self._shutdown_requested = False
         self._shutdown_announced = False  # our shutdown flag reached every peer
         self._wait_for_peers = True
@@ -133,6 +136,8 @@ class Engine:
             state.new.extend(entries)
         if not getattr(self._submitter, "will_wait", False):
             self._wake()
+        if self._drive.locked():  # a caller driving the engine may be asleep waiting for peers
+            self._wake(driver=True)
 
     @contextlib.contextmanager
     def caller_waits(self) -> Iterator[None]:
@@ -145,9 +150,9 @@ class Engine:
         finally:
             self._submitter.will_wait = False
 
-    def _wake(self) -> None:
+    def _wake(self, driver: bool = False) -> None:
         try:
-            os.write(self._wake_w, b"\0")
+            os.write(self._driver_wake_w if driver else self._wake_w, b"\0")
         except (BlockingIOError, OSError):
             pass
 
@@ -201,7 +206,13 @@ class Engine:
         """
         if self._finished or threading.current_thread() is self._thread:
             return
-        with self._drive:
+        # Someone else drives (another waiting thread, or the engine thread in a cycle): then just
+        # wait for the handle. Queueing for the lock instead would deadlock: a driver only leaves
+        # once its own op is done, which may need ops that threads queued behind it have yet to
+        # submit, on this rank or another.
+        if not self._drive.acquire(blocking=False):
+            return
+        try:
             if self._finished or handle.poll():
                 return
             self.transport.set_caller_driving(True)
@@ -209,18 +220,20 @@ class Engine:
                 self._guarded(self._drive_loop, handle)
             finally:
                 peer_waiting = self.transport.set_caller_driving(False)
+        finally:
+            self._drive.release()
         if peer_waiting or self._finished or self._has_new_work():
             self._wake()  # the engine thread takes over what is left
 
     def _drive_loop(self, handle: Handle) -> None:
         while not handle.poll() and not self._finished:
-            if self._cycle_due() or self.transport.wait_for_activity(0, self._wake_r, driver=True):
+            if self._cycle_due() or self.transport.wait_for_activity(0, self._driver_wake_r, driver=True):
                 self._run_cycle()
                 continue
             timeout = self._idle_timeout()
             self.transport.wait_for_activity(_TICK_SECONDS if timeout is None else min(timeout, _TICK_SECONDS),
-                                             self._wake_r, driver=True)
-            self._drain_wakes()
+                                             self._driver_wake_r, driver=True)
+            self._drain_wakes(self._driver_wake_r)
             if not self._has_new_work():
                 self._check_stalls()
 
@@ -230,8 +243,8 @@ class Engine:
         finally:
             self._stopped.set()
             self.transport.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            for fd in (self._wake_r, self._wake_w, self._driver_wake_r, self._driver_wake_w):
+                os.close(fd)
 
     def _guarded(self, work: Callable[..., None], *args: object) -> None:
         """Run engine work; a failure fails every pending op with its cause and ends the engine."""
@@ -293,9 +306,9 @@ class Engine:
         if not self._cycle():
             self._finished = True
 
-    def _drain_wakes(self) -> None:
+    def _drain_wakes(self, fd: int) -> None:
         try:
-            os.read(self._wake_r, 4096)
+            os.read(fd, 4096)
         except BlockingIOError:
             pass
 
@@ -316,12 +329,12 @@ class Engine:
                     select.select([self._wake_r], [], [], JOIN_GRACE_SECONDS)
                     if self._cycles != cycles:
                         continue
-            self._drain_wakes()
+            self._drain_wakes(self._wake_r)
             with self._drive:
                 if self._finished:
                     return
-                if self._cycle_due() or (peer_started and self.transport.wait_for_activity(0, self._wake_r,
-                                                                                             driver=True)):
+                if self._cycle_due() or (peer_started and self.transport.wait_for_activity(
+                        0, self._driver_wake_r, driver=True)):
                     self._run_cycle()
                 elif timeout is not None and not self._has_new_work():
                     self._check_stalls()

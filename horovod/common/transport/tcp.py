@@ -327,7 +327,8 @@ class TcpTransport(Transport):
         super().__init__(rank, size)
         self._peers: dict[int, _Peer] = {}
         self._scratch = np.empty(0, np.uint8)
-        self._selector: selectors.BaseSelector | None = None
+        self._selectors: dict[bool, selectors.BaseSelector] = {}  # the driver's and the idle engine thread's
+        self._selector_lock = threading.Lock()
         self.deaths: DeathWatch | None = None
         self.hostname = getattr(topology, "hostname", None) or socket.gethostname()
         self.hosts: dict[int, str] = {rank: self.hostname}  # where each rank runs, for messages
@@ -600,19 +601,21 @@ class TcpTransport(Transport):
         self._flush(others)
         return payload
 
-    def wait_for_activity(self, timeout: float | None, wake_fd: int) -> bool:
-        if self._selector is None:
-            self._selector = selectors.DefaultSelector()
-            self._selector.register(wake_fd, selectors.EVENT_READ, None)
-            for peer in self._peers.values():
-                self._selector.register(peer.sock, selectors.EVENT_READ, peer.rank)
-        events = self._selector.select(timeout)
+    def wait_for_activity(self, timeout: float | None, wake_fd: int, driver: bool = False) -> bool:
+        with self._selector_lock:  # the engine thread and a driving caller may both get here first
+            selector = self._selectors.get(driver)
+            if selector is None:
+                selector = self._selectors[driver] = selectors.DefaultSelector()
+                selector.register(wake_fd, selectors.EVENT_READ, None)
+                for peer in self._peers.values():
+                    selector.register(peer.sock, selectors.EVENT_READ, peer.rank)
+        events = selector.select(timeout)
         return any(key.data is not None for key, _ in events)
 
     def close(self) -> None:
-        if self._selector is not None:
-            self._selector.close()
-            self._selector = None
+        for selector in self._selectors.values():
+            selector.close()
+        self._selectors.clear()
         if self.deaths is not None:
             self.deaths.announce()
             self.deaths.close()

@@ -1,0 +1,79 @@
+"""Who runs the engine: a thread blocked in a collective drives it, the engine thread drives
+overlapped work, one at a time (the drive lock). These tests mix the two under contention, on
+both data paths, and check every result exactly."""
+
+import pytest
+
+from multirank import hvdrun
+
+MIXED_THREADS = r'''
+import threading
+import numpy as np
+import horovod.numpy as hvd
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+ROUNDS, THREADS = 60, 3
+errors, sums = [], {}
+
+def blocking(k):
+    # Each thread runs its own sequence of blocking collectives: every one of them may end up
+    # driving the engine, racing the others and the engine thread for the drive lock.
+    try:
+        for i in range(ROUNDS):
+            out = hvd.allreduce(np.full(7 + k, r + i, np.float64), op=hvd.Sum, name=f"t{k}.{i}")
+            sums[(k, i)] = float(out[0])
+            if i % 10 == 0:
+                got = hvd.broadcast(np.full(3, r * 10 + k, np.int32), root_rank=n - 1, name=f"b{k}.{i}")
+                assert got.tolist() == [(n - 1) * 10 + k] * 3, got
+    except BaseException as exc:
+        errors.append(repr(exc))
+
+threads = [threading.Thread(target=blocking, args=(k,)) for k in range(THREADS)]
+for t in threads:
+    t.start()
+# Meanwhile the main thread keeps async work in flight, driven by the engine thread until it
+# synchronizes (then by itself).
+async_ok = True
+for i in range(ROUNDS):
+    handles = [hvd.allreduce_async(np.full(1000, float(r), np.float32), op=hvd.Sum, name=f"a{i}.{j}")
+               for j in range(3)]
+    for h in handles:
+        async_ok &= bool(np.all(hvd.synchronize(h) == sum(range(n))))
+for t in threads:
+    t.join(120)
+expected = all(sums[(k, i)] == sum(range(n)) + n * i for k in range(THREADS) for i in range(ROUNDS))
+report(errors=errors, exact=expected, async_ok=async_ok, alive=[t.is_alive() for t in threads])
+'''
+
+
+@pytest.mark.parametrize("np_, transport", [(2, "auto"), (3, "auto"), (2, "tcp")])
+def test_blocking_threads_and_async_work_share_the_engine(np_, transport):
+    result = hvdrun(MIXED_THREADS, np=np_, env={"HOROVOD_CPU_OPERATIONS": transport}, timeout=150).check()
+    for rank in range(np_):
+        values = result.ranks[rank]
+        assert values["errors"] == [] and values["alive"] == [False] * 3
+        assert values["exact"] is True and values["async_ok"] is True
+
+
+PEER_STARTED = r'''
+import time
+import numpy as np
+import horovod.numpy as hvd
+hvd.init()
+r = hvd.rank()
+# Rank 1 submits late every time: rank 0's blocking caller starts each cycle and waits; rank 1's
+# idle engine thread must answer those cycles (or its own caller must), never both and never
+# neither, whatever the timing.
+values = []
+for i in range(40):
+    if r == 1:
+        time.sleep(0.002 * (i % 3))
+    values.append(float(hvd.allreduce(np.array([r + i], np.float64), op=hvd.Sum, name=f"late.{i}")[0]))
+report(values=values)
+'''
+
+
+def test_late_peer_every_time():
+    result = hvdrun(PEER_STARTED, np=2).check()
+    for rank in range(2):
+        assert result.ranks[rank]["values"] == [float(1 + 2 * i) for i in range(40)]
