@@ -57,9 +57,21 @@ def hvdrun(code: str, np: int = 2, env: dict[str, str] | None = None, timeout: f
         script.write_text(_PRELUDE + textwrap.dedent(code))
         argv = [sys.executable, "-m", "horovod.runner.launch", "-np", str(np), *(args or []),
                 sys.executable, str(script)]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=child_env(env), cwd=tmp)
-    result = RunResult(proc.returncode, proc.stdout, proc.stderr)
-    for line in (proc.stdout + "\n" + proc.stderr).splitlines():
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(env),
+                              cwd=tmp) as proc:
+            try:
+                stdout, stderr = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                # SIGTERM, not SIGKILL: horovodrun then stops its workers, so a hung test leaves
+                # no ranks behind; the test still fails with the timeout.
+                proc.terminate()
+                try:
+                    proc.communicate(timeout=15)
+                finally:
+                    proc.kill()
+                raise
+    result = RunResult(proc.returncode, stdout, stderr)
+    for line in (stdout + "\n" + stderr).splitlines():
         match = _LINE.match(line)
         if not match:
             continue
