@@ -58,60 +58,59 @@ def _time(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
+def _grid(per_system: dict, ours: str) -> tuple[list[str], list[str], list[tuple[int, list, list]]]:
+    """What both renderings show: the systems, the peers we compare with, and per size each
+    system's row (None where it has none) and our speed-up over each peer (None if unknown)."""
+    systems = list(per_system)
+    peers = [s for s in systems if s != ours and ours in systems]
+    by = {s: {row["bytes"]: row for row in rows} for s, rows in per_system.items()}
+    rows = []
+    for nbytes in sorted({row["bytes"] for rows in per_system.values() for row in rows}):
+        mine = by[ours].get(nbytes) if ours in by else None
+        ratios = [by[p][nbytes]["median_s"] / mine["median_s"] if mine and nbytes in by[p] else None for p in peers]
+        rows.append((nbytes, [by[s].get(nbytes) for s in systems], ratios))
+    return systems, peers, rows
+
+
 def table(op: str, per_system: dict, ranks: int, ours: str = "khorovod", latency: bool = False) -> str:
     """A fixed-width table: per size, each system's median time and busbw, and our ratio to each peer."""
-    systems = list(per_system)
-    sizes = sorted({row["bytes"] for rows in per_system.values() for row in rows})
-    by = {s: {row["bytes"]: row for row in rows} for s, rows in per_system.items()}
-    peers = [s for s in systems if s != ours and ours in systems]
+    systems, peers, rows = _grid(per_system, ours)
     head = [f"{'size':>9}"]
     for s in systems:
         head.append(f"{s + (' median / min' if latency else ' time  busbw GB/s'):>27}")
     head += [f"{'vs ' + p:>10}" for p in peers]
     lines = [f"{op}: {ranks} ranks, float32; time = median over iterations of the slowest rank"
              + ("" if latency else f"; busbw = algbw * {bus_factor(op, ranks):.2f}"), " ".join(head)]
-    for nbytes in sizes:
+    for nbytes, cells_of, ratios in rows:
         cells = [f"{human_bytes(nbytes):>9}"]
-        for s in systems:
-            row = by[s].get(nbytes)
+        for row in cells_of:
             if row is None:
                 cells.append(f"{'-':>27}")
             elif latency:
                 cells.append(f"{_time(row['median_s']) + ' / ' + _time(row['min_s']):>27}")
             else:
                 cells.append(f"{_time(row['median_s']):>14} {row['busbw_GBps']:>12.2f}")
-        for p in peers:
-            mine, theirs = by[ours].get(nbytes), by[p].get(nbytes)
-            ratio = theirs["median_s"] / mine["median_s"] if mine and theirs else None
-            cells.append(f"{(f'{ratio:.2f}x' if ratio else '-'):>10}")
+        cells += [f"{(f'{ratio:.2f}x' if ratio else '-'):>10}" for ratio in ratios]
         lines.append(" ".join(cells))
     return "\n".join(lines)
 
 
 def markdown(op: str, per_system: dict, ranks: int, ours: str = "khorovod", latency: bool = False) -> str:
     """The same comparison as `table`, as a Markdown table (for docs)."""
-    systems = list(per_system)
-    sizes = sorted({row["bytes"] for rows in per_system.values() for row in rows})
-    by = {s: {row["bytes"]: row for row in rows} for s, rows in per_system.items()}
-    peers = [s for s in systems if s != ours and ours in systems]
-    if latency:
-        head = ["size"] + [f"{s} median (min)" for s in systems] + [f"{ours} vs {p}" for p in peers]
-    else:
-        head = ["size"] + [f"{s} busbw GB/s (time)" for s in systems] + [f"{ours} vs {p}" for p in peers]
+    systems, peers, rows = _grid(per_system, ours)
+    column = "median (min)" if latency else "busbw GB/s (time)"
+    head = ["size"] + [f"{s} {column}" for s in systems] + [f"{ours} vs {p}" for p in peers]
     lines = ["| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]
-    for nbytes in sizes:
+    for nbytes, cells_of, ratios in rows:
         cells = [human_bytes(nbytes)]
-        for s in systems:
-            row = by[s].get(nbytes)
+        for row in cells_of:
             if row is None:
                 cells.append("-")
             elif latency:
                 cells.append(f"{_time(row['median_s'])} ({_time(row['min_s'])})")
             else:
                 cells.append(f"{row['busbw_GBps']:.2f} ({_time(row['median_s'])})")
-        for p in peers:
-            mine, theirs = by[ours].get(nbytes), by[p].get(nbytes)
-            cells.append(f"{theirs['median_s'] / mine['median_s']:.2f}x" if mine and theirs else "-")
+        cells += [f"{ratio:.2f}x" if ratio else "-" for ratio in ratios]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -17,13 +17,14 @@ import json
 import statistics
 import sys
 import time
+from abc import ABC, abstractmethod
 
 import numpy as np
 
 OPS = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
 
 
-class Backend:
+class Backend(ABC):
     """What each system provides: rank/size, the five collectives on preallocated buffers, and
     a barrier and an element-wise max of a float64 array (to combine the ranks' timings)."""
 
@@ -32,11 +33,13 @@ class Backend:
     size = 1
     version = ""
 
+    @abstractmethod
     def buffers(self, op: str, nbytes: int) -> tuple:
-        raise NotImplementedError
+        """Preallocated tensors for `op` on `nbytes` (the input first, then any output)."""
 
+    @abstractmethod
     def run(self, op: str, bufs: tuple, tag: str) -> object:
-        raise NotImplementedError
+        """One `op` on `bufs`; returns its result."""
 
     def as_numpy(self, data: object) -> np.ndarray:
         return np.asarray(data)  # numpy arrays and CPU torch tensors alike
@@ -44,8 +47,9 @@ class Backend:
     def fill(self, bufs: tuple, value: float) -> None:
         bufs[0][...] = value
 
+    @abstractmethod
     def max_across(self, values: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """The element-wise maximum of `values` over all ranks."""
 
     def barrier(self) -> None:
         self.max_across(np.zeros(1))

@@ -8,19 +8,22 @@ else (which tensors are cast, what the context holds) is decided here once.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 
-class Compressor:
+class Compressor(ABC):
     """The interface: both methods are called on the class."""
 
     @classmethod
+    @abstractmethod
     def compress(cls, tensor: Any) -> tuple[Any, Any]:
-        raise NotImplementedError
+        """(what to send, the context decompress needs)."""
 
     @classmethod
+    @abstractmethod
     def decompress(cls, tensor: Any, ctx: Any) -> Any:
-        raise NotImplementedError
+        """The received tensor, restored with `ctx`."""
 
 
 class NoneCompressor(Compressor):
@@ -42,13 +45,14 @@ class CastCompressor(Compressor):
     wire_dtype: Any = None
 
     @staticmethod
+    @abstractmethod
     def _float_dtype(tensor: Any) -> Any:
         """The tensor's dtype when it is floating point, else None."""
-        raise NotImplementedError
 
     @staticmethod
+    @abstractmethod
     def _cast(tensor: Any, dtype: Any) -> Any:
-        raise NotImplementedError
+        """`tensor` converted to `dtype`, in the framework's own way."""
 
     @classmethod
     def compress(cls, tensor: Any) -> tuple[Any, Any]:

@@ -79,24 +79,36 @@ def allreduce_async(tensor: np.ndarray, name: str | None = None, op: int = Avera
                               postscale_factor, process_set, None if output is None else [output], grouped=False)
 
 
+def _entries(rt: basics.Runtime, op_type: OpType, tensors: Sequence[np.ndarray], names: list[str],
+             process_set: ProcessSet, grouped: bool,
+             prepare: Callable[[int, np.ndarray, str], tuple[np.ndarray | None, dict[str, Any]]]) -> Handle:
+    """Submit one entry per tensor, all completing one handle. `prepare(i, tensor, name)` makes the
+    checks particular to the op and returns the output array (None: the engine allocates it) and
+    the extra Request fields."""
+    kind = op_type.name.lower()
+    handle = Handle(len(tensors), grouped, names[0] if names else f"grouped_{kind}")
+    entries = []
+    for i, (tensor, name) in enumerate(zip(tensors, names)):
+        tensor = _check_array(tensor, kind, name)
+        output, fields = prepare(i, tensor, name)
+        entries.append(Entry(_request(rt, op_type, name, tensor, **fields), tensor, output, handle, i))
+    if entries:
+        rt.submit(process_set, entries)
+    return handle
+
+
 def _allreduce_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names: list[str], op: int,
                        prescale: float, postscale: float, process_set: ProcessSet,
                        outputs: Sequence[np.ndarray] | None, grouped: bool) -> Handle:
-    handle = Handle(len(tensors), grouped, names[0] if names else "grouped_allreduce")
-    entries = []
-    for i, (tensor, name) in enumerate(zip(tensors, names)):
-        tensor = _check_array(tensor, "allreduce", name)
+    def prepare(i: int, tensor: np.ndarray, name: str) -> tuple[np.ndarray, dict[str, Any]]:
         _check_reduce(op, dtype_name(tensor.dtype), f"allreduce {name}")
         output = outputs[i] if outputs is not None else np.empty_like(tensor)
         if output.shape != tensor.shape or output.dtype != tensor.dtype or not output.flags.c_contiguous:
             raise ValueError(f"allreduce {name}: the output must be a contiguous array of the input's "
                              f"shape and dtype ({tensor.shape}, {tensor.dtype})")
-        request = _request(rt, OpType.ALLREDUCE, name, tensor, reduce_op=op, prescale=float(prescale),
-                           postscale=float(postscale))
-        entries.append(Entry(request, tensor, output, handle, i))
-    if entries:
-        rt.submit(process_set, entries)
-    return handle
+        return output, {"reduce_op": op, "prescale": float(prescale), "postscale": float(postscale)}
+
+    return _entries(rt, OpType.ALLREDUCE, tensors, names, process_set, grouped, prepare)
 
 
 def grouped_allgather_async(tensors: Sequence[np.ndarray], name: str | None = None,
@@ -115,16 +127,12 @@ def allgather_async(tensor: np.ndarray, name: str | None = None,
 
 def _allgather_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names: list[str],
                        process_set: ProcessSet, grouped: bool) -> Handle:
-    handle = Handle(len(tensors), grouped, names[0] if names else "grouped_allgather")
-    entries = []
-    for i, (tensor, name) in enumerate(zip(tensors, names)):
-        tensor = _check_array(tensor, "allgather", name)
+    def prepare(i: int, tensor: np.ndarray, name: str) -> tuple[None, dict[str, Any]]:
         if tensor.ndim == 0:
             raise ValueError(f"allgather {name}: cannot gather a rank-zero tensor; reshape it to [1]")
-        entries.append(Entry(_request(rt, OpType.ALLGATHER, name, tensor), tensor, None, handle, i))
-    if entries:
-        rt.submit(process_set, entries)
-    return handle
+        return None, {}
+
+    return _entries(rt, OpType.ALLGATHER, tensors, names, process_set, grouped, prepare)
 
 
 def broadcast_async(tensor: np.ndarray, root_rank: int, name: str | None = None,
@@ -198,10 +206,8 @@ def _reducescatter_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], na
     process_set._require_registered()
     n = len(process_set.ranks)
     me = process_set.ranks.index(rt.settings.topology.rank) if rt.settings.topology.rank in process_set.ranks else 0
-    handle = Handle(len(tensors), grouped, names[0] if names else "grouped_reducescatter")
-    entries = []
-    for i, (tensor, name) in enumerate(zip(tensors, names)):
-        tensor = _check_array(tensor, "reducescatter", name)
+
+    def prepare(i: int, tensor: np.ndarray, name: str) -> tuple[np.ndarray, dict[str, Any]]:
         if op not in (Average, Sum):
             raise ValueError(f"reducescatter {name}: only op=Average or op=Sum are supported")
         _check_reduce(op, dtype_name(tensor.dtype), f"reducescatter {name}")
@@ -209,12 +215,9 @@ def _reducescatter_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], na
             raise ValueError(f"reducescatter {name}: cannot scatter a rank-zero tensor; reshape it to [1]")
         rows = tensor.shape[0] // n + (me < tensor.shape[0] % n)
         output = np.empty((rows,) + tensor.shape[1:], tensor.dtype)
-        request = _request(rt, OpType.REDUCESCATTER, name, tensor, reduce_op=op, prescale=float(prescale),
-                           postscale=float(postscale))
-        entries.append(Entry(request, tensor, output, handle, i))
-    if entries:
-        rt.submit(process_set, entries)
-    return handle
+        return output, {"reduce_op": op, "prescale": float(prescale), "postscale": float(postscale)}
+
+    return _entries(rt, OpType.REDUCESCATTER, tensors, names, process_set, grouped, prepare)
 
 
 def join_async(process_set: ProcessSet = global_process_set) -> Handle:

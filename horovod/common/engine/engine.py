@@ -47,7 +47,7 @@ _SHUTDOWN, _HAS_UNCACHED, _JOINED, _FORCE_SLOW = 1, 2, 4, 8
 _TICK_SECONDS = 0.5
 # How long an idle engine thread that a peer calls into leaves for a local waiting thread to answer
 # (see _loop).
-JOIN_GRACE_SECONDS = 200e-6
+_JOIN_GRACE_SECONDS = 200e-6
 
 
 @dataclass
@@ -99,7 +99,6 @@ class Engine:
         self._drive = threading.Lock()  # held by whichever thread runs cycles (see drive_until)
         self._submitter = threading.local()  # will_wait: see caller_waits
         self._finished = False  # no more cycles: the job shut down or the engine failed
-        self._cycles = 0
         self._thread = threading.Thread(target=self._run, name="hvd-engine", daemon=True)
 
     # -- framework-thread side --------------------------------------------------------------
@@ -325,9 +324,9 @@ class Engine:
                     # likely being submitted right now by a thread that will wait for it and run
                     # the cycle itself (drive_until); a cycle without it would achieve nothing and
                     # cost another. Give that thread a moment; answer the peer only if none came.
-                    cycles = self._cycles
-                    select.select([self._wake_r], [], [], JOIN_GRACE_SECONDS)
-                    if self._cycles != cycles:
+                    last_cycle = self._last_cycle_start
+                    select.select([self._wake_r], [], [], _JOIN_GRACE_SECONDS)
+                    if self._last_cycle_start != last_cycle:  # a waiting thread ran a cycle
                         continue
             self._drain_wakes(self._wake_r)
             with self._drive:
@@ -363,7 +362,6 @@ class Engine:
     def _cycle(self) -> bool:
         """Run one lockstep cycle over every set this rank is in; False once the job shuts down."""
         self._last_cycle_start = time.monotonic()
-        self._cycles += 1
         if self.timeline is not None and self.timeline.active and self.timeline.mark_cycles:
             self.timeline.mark_cycle_start()
         force, self._force_cycle = self._force_cycle, False
