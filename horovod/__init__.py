@@ -4,7 +4,7 @@
 `horovod.run(func, np=4)` to run a function on several ranks from Python.
 """
 
-from horovod.version import __version__
+from horovod.version import __khorovod_version__, __version__
 
 
 def run(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -14,4 +14,4 @@ def run(*args, **kwargs):  # type: ignore[no-untyped-def]
     return _run(*args, **kwargs)
 
 
-__all__ = ["__version__", "run"]
+__all__ = ["__khorovod_version__", "__version__", "run"]

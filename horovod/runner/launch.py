@@ -16,11 +16,11 @@ from typing import Any, Iterable, Sequence
 
 from horovod.common import logging as hvd_logging
 from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS, env_float
-from horovod.runner import check_build, config_file, env_builder
+from horovod.runner import check_build, config_file, env_builder, noop_flags
 from horovod.runner.hosts import HostInfo, get_host_assignments, parse_hostfile, parse_hosts
 from horovod.runner.job import Job, JobResult, JobSpec, format_result
-from horovod.runner.local_launcher import OutputOptions
-from horovod.version import __version__
+from horovod.runner.launchers import OutputOptions
+from horovod.version import __khorovod_version__, __version__
 
 log = logging.getLogger("horovod.runner")
 
@@ -51,6 +51,22 @@ class _CommaListAction(argparse.Action):
         setattr(namespace, self.dest, nics)
 
 
+class _VersionAction(argparse.Action):
+    """`-v`: Horovod's API level alone on stdout, as Horovod prints it (scripts parse it), and
+    khorovod's own release on stderr, for the human reading it."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS,
+                 help: str | None = None) -> None:
+        super().__init__(option_strings, dest, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(__version__)
+        print(f"khorovod {__khorovod_version__}, implementing the Horovod {__version__} API",
+              file=sys.stderr)
+        parser.exit()
+
+
 def _add_switch(group: Any, on: str, off: str, on_help: str, off_help: str) -> None:
     """A flag and its negation on one dest that stays None unless one of them is given.
 
@@ -73,16 +89,16 @@ def make_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     add = parser.add_argument
-    add("-v", "--version", action="version", version=__version__,
-        help="Print the Horovod version and exit.")
+    add("-v", "--version", action=_VersionAction,
+        help="Print the Horovod API version implemented (on stdout) and khorovod's own version "
+        "(on stderr), then exit.")
     add("-np", "--num-proc", dest="num_proc", type=int, metavar="N",
         help="Number of worker processes (ranks) to start. Required unless --check-build.")
     add("-cb", "--check-build", action="store_true",
         help="Print which frameworks, controllers and tensor operations this installation "
         "supports, then exit.")
     add("--disable-cache", action="store_true",
-        help="Accepted for compatibility: Horovod caches its ssh/network checks; this launcher "
-        "keeps no cache, so the flag changes nothing.")
+        help="Do not reuse the cached results of the ssh and network checks.")
     add("--start-timeout", type=int, metavar="SECONDS",
         help="Every rank must call hvd.init() within this many seconds of the first rank that did, "
         "or the job is stopped naming the late ranks; also bounds ssh's connection to remote hosts "
@@ -124,8 +140,7 @@ def make_parser() -> argparse.ArgumentParser:
                 "Allreduce within each host first, then across hosts "
                 "(HOROVOD_HIERARCHICAL_ALLREDUCE=1). Default: on when the ranks span several "
                 "hosts with the same number on each.",
-                "Pin hierarchical allreduce off (HOROVOD_HIERARCHICAL_ALLREDUCE=0), so autotune "
-                "does not try it.")
+                "Pin hierarchical allreduce off (HOROVOD_HIERARCHICAL_ALLREDUCE=0).")
     _add_switch(group, "--hierarchical-allgather", "--no-hierarchical-allgather",
                 "Allgather within each host first, then across hosts "
                 "(HOROVOD_HIERARCHICAL_ALLGATHER=1). Default: off.",
@@ -266,6 +281,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "command", nargs=argparse.REMAINDER,
         help="The program every worker runs, with its arguments, e.g. 'python train.py'.")
+    noop_flags.mark_help(parser)
     return parser
 
 
@@ -373,6 +389,7 @@ def _run(args: argparse.Namespace) -> int:
     except (ValueError, NotImplementedError, OSError) as exc:
         print(f"horovodrun: error: {exc}", file=sys.stderr)
         return 2
+    noop_flags.warn_noop_flags(args)
     try:
         with Job(spec) as job:
             result: JobResult = job.run()
