@@ -9,7 +9,8 @@ first failure at the very end of the output, with the exception the rank recorde
 It also enforces the start timeout: once one rank has called hvd.init(), every rank must within
 `start_timeout` seconds, or the job stops naming those that did not. A signal to the launcher
 (Ctrl-C, SIGTERM, SIGHUP) stops every worker before the launcher exits, so no process outlives
-the job.
+the job. How a worker is started, watched and stopped is not decided here: each host's launcher
+comes by name from `horovod.runner.launchers`, and the policy sees workers only as `WorkerProcess`.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """A worker that is a process of this machine: start it, forward its output, signal it, reap it.
 
 Both the local and the ssh launcher end in one of these (for ssh, the process is the ssh client
-that runs the remote worker). No policy here: see `horovod.runner.launchers.base`. Each worker runs in its own session (so its own process group): a signal to the group
-reaches whatever the worker started too, and a Ctrl-C typed at the terminal reaches only the
-launcher, which then stops the workers in order.
+that runs the remote worker). No policy here: see `horovod.runner.launchers.base`. Each worker
+runs in its own session (so its own process group): a signal to the group reaches whatever the
+worker started too, and a Ctrl-C typed at the terminal reaches only the launcher, which then
+stops the workers in order.
 """
 
 from __future__ import annotations
@@ -71,10 +72,6 @@ class ProcessWorker:
         ]
         for pump in self._pumps:
             pump.start()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
 
     @property
     def returncode(self) -> int | None:
