@@ -18,7 +18,8 @@ from horovod.common import logging as hvd_logging
 from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS, env_float
 from horovod.runner import check_build, config_file, env_builder, noop_flags
 from horovod.runner.hosts import HostInfo, get_host_assignments, parse_hostfile, parse_hosts
-from horovod.runner.job import Job, JobResult, JobSpec, format_result
+from horovod.runner.job import Job, JobSpec
+from horovod.runner.report import JobResult, format_result
 from horovod.runner.launchers import OutputOptions
 from horovod.version import __khorovod_version__, __version__
 
