@@ -2,6 +2,8 @@
 
 `import horovod.torch as hvd` (or `.tensorflow`, `.keras`, `.numpy`) for the training API;
 `horovod.run(func, np=4)` to run a function on several ranks from Python.
+`__version__` is the Horovod API level implemented (scripts gate on it); `__khorovod_version__`
+is this package's own release.
 """
 
 from horovod.version import __khorovod_version__, __version__
