@@ -67,5 +67,5 @@ def warn_noop_flags(args: argparse.Namespace) -> None:
         if not _asks_for_something(getattr(args, noop.dest, None)):
             continue
         key = config_file.key_of(noop.dest)
-        spelled = f"{noop.flag} (config file: {key})" if key else noop.flag
+        spelled = f"{noop.flag} (or {key} in a config file)" if key else noop.flag
         log.warning("%s is accepted but has no effect here: %s", spelled, noop.why)

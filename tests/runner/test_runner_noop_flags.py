@@ -63,10 +63,10 @@ def test_config_file_keys_warn_naming_flag_and_key(caplog, tmp_path):
                     "  gloo_timeout_seconds: 5\n")
     messages = warnings_for(caplog, "--config-file", str(path), "--autotune")
     assert sorted(messages) == [
-        "--autotune (config file: autotune.enabled) is accepted but has no effect here: "
+        "--autotune (or autotune.enabled in a config file) is accepted but has no effect here: "
         "autotuning is not implemented",
-        "--num-nccl-streams (config file: library_options.num_nccl_streams) is accepted but has no "
-        "effect here: there is no NCCL backend",
+        "--num-nccl-streams (or library_options.num_nccl_streams in a config file) is accepted but has "
+        "no effect here: there is no NCCL backend",
     ]
 
 
