@@ -24,7 +24,7 @@ from horovod.common.process_sets import ProcessSet, check_static_sets_agree, glo
 from horovod.common.runtime import Runtime
 from horovod.common.settings import Settings, Topology
 from horovod.common.transport import create as create_transport
-from horovod.common.transport.base import PeerFailure
+from horovod.common.transport.base import PeerFailure, Transport
 
 _atexit_registered = False
 _failure_reported = False
@@ -49,46 +49,61 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         hvd_logging.configure(settings.log_level, settings.log_hide_time)
         membership = bootstrap.join(settings, _state.last_round())
         _state.record_round(membership.round)
+        # From here on the slot is the bootstrap's: everything below reads it from these settings.
         settings = dataclasses.replace(settings, topology=membership.topology)
-        topo = settings.topology
-        transport = None
-        try:
-            if comm is not None and not (isinstance(comm, (list, tuple)) and list(comm) == list(range(topo.size))):
-                raise NotImplementedError(
-                    "init(comm=...) with an MPI communicator or a subset of ranks needs the MPI controller, "
-                    "which khorovod does not have yet; use process_sets= for collectives over subsets")
-            transport = create_transport(
-                settings.cpu_operations, rank=topo.rank, size=topo.size, rendezvous=membership.rendezvous,
-                secret_key=settings.secret_key, generation=membership.round,
-                rendezvous_addr=settings.rendezvous_addr or "127.0.0.1", start_timeout=settings.start_timeout,
-                peer_timeout=settings.peer_timeout_seconds, topology=topo, settings=settings)
-            sets = register_static(process_sets, topo.size)
-            check_static_sets_agree(transport, sets)
-        except BaseException as exc:
-            # Nothing of a failed init may linger: no connection, no thread, no shared memory.
-            if transport is not None:
-                transport.close()
-            membership.close()
-            if isinstance(exc, (PeerFailure, TimeoutError)):
-                raise HorovodInternalError(f"hvd.init() failed on rank {topo.rank}: {exc}") from None
-            raise
-        timeline = None
-        if topo.rank == 0:
-            from horovod.common.timeline import Timeline
-
-            timeline = Timeline()
-            if settings.timeline and settings.timeline.upper() != "DYNAMIC":
-                timeline.start(settings.timeline, settings.timeline_mark_cycles)
-        # The global set's members are the runtime's, which does not exist yet: name them here.
-        members = {0: tuple(range(topo.size)), **{ps.process_set_id: tuple(ps.ranks) for ps in sets[1:]}}
-        engine = Engine(settings, transport, members, timeline)
-        _state.install(Runtime(settings, membership.round, transport, engine, membership.rendezvous, timeline,
-                               {ps.process_set_id: ps for ps in sets}))
-        engine.start()
+        transport, sets = _connect(settings, membership, comm, process_sets)
+        rt = _build_runtime(settings, membership, transport, sets)
+        _state.install(rt)
+        rt.engine.start()
         _install_failure_reporter()
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
+
+
+def _connect(settings: Settings, membership: bootstrap.Membership, comm: Any,
+             process_sets: Sequence[ProcessSet] | None) -> tuple[Transport, list[ProcessSet]]:
+    """The round's transport, and the static process sets every rank agreed on."""
+    topo = settings.topology
+    transport = None
+    try:
+        if comm is not None and not (isinstance(comm, (list, tuple)) and list(comm) == list(range(topo.size))):
+            raise NotImplementedError(
+                "init(comm=...) with an MPI communicator or a subset of ranks needs the MPI controller, "
+                "which khorovod does not have yet; use process_sets= for collectives over subsets")
+        transport = create_transport(
+            settings.cpu_operations, rank=topo.rank, size=topo.size, rendezvous=membership.rendezvous,
+            secret_key=settings.secret_key, generation=membership.round,
+            rendezvous_addr=settings.rendezvous_addr or "127.0.0.1", start_timeout=settings.start_timeout,
+            peer_timeout=settings.peer_timeout_seconds, topology=topo, settings=settings)
+        sets = register_static(process_sets, topo.size)
+        check_static_sets_agree(transport, sets)
+    except BaseException as exc:
+        # Nothing of a failed init may linger: no connection, no thread, no shared memory.
+        if transport is not None:
+            transport.close()
+        membership.close()
+        if isinstance(exc, (PeerFailure, TimeoutError)):
+            raise HorovodInternalError(f"hvd.init() failed on rank {topo.rank}: {exc}") from None
+        raise
+    return transport, sets
+
+
+def _build_runtime(settings: Settings, membership: bootstrap.Membership, transport: Transport,
+           sets: list[ProcessSet]) -> Runtime:
+    """The runtime of the round (its engine not started yet)."""
+    timeline = None
+    if settings.topology.rank == 0:
+        from horovod.common.timeline import Timeline
+
+        timeline = Timeline()
+        if settings.timeline and settings.timeline.upper() != "DYNAMIC":
+            timeline.start(settings.timeline, settings.timeline_mark_cycles)
+    # The global set's members are the runtime's, which does not exist yet: name them here.
+    members = {0: tuple(range(settings.topology.size)), **{ps.process_set_id: tuple(ps.ranks) for ps in sets[1:]}}
+    engine = Engine(settings, transport, members, timeline)
+    return Runtime(settings, membership.round, transport, engine, membership.rendezvous, timeline,
+                   {ps.process_set_id: ps for ps in sets})
 
 
 def shutdown() -> None:

@@ -58,18 +58,14 @@ class ProcessSet:
 class GlobalProcessSet(ProcessSet):
     """Every rank of the current round (id 0); empty outside `init()` ... `shutdown()`."""
 
-    def __init__(self) -> None:
-        super().__init__([])
-        self.process_set_id = 0
+    def __init__(self) -> None:  # no ranks to keep: ProcessSet.__init__ would store some
+        self.mpi_comm = None
+        self.process_set_id: int | None = 0
 
     @property  # type: ignore[override]
     def ranks(self) -> list[int]:
         rt = runtime.peek()
         return rt.global_ranks if rt is not None else []
-
-    @ranks.setter
-    def ranks(self, _: list[int]) -> None:
-        pass  # only ProcessSet.__init__ assigns it; the members are the runtime's
 
 
 global_process_set = GlobalProcessSet()
