@@ -114,3 +114,24 @@ def test_a_worker_takes_its_slot_from_the_newest_plan_that_includes_it(store):
         membership.close()
     with pytest.raises(TimeoutError, match="worker a:1 found no round after round 2"):
         StoreBootstrap().join(Settings.from_env({**worker, "HOROVOD_START_TIMEOUT": "0.3"}), previous_round=2)
+
+
+def test_the_global_set_is_the_rounds_and_dynamic_sets_are_a_setting(monkeypatch):
+    import os
+
+    import horovod.numpy as hvd
+    from horovod.common import runtime
+
+    monkeypatch.delenv("HOROVOD_DYNAMIC_PROCESS_SETS", raising=False)
+    assert hvd.global_process_set.ranks == [] and hvd.global_process_set.process_set_id == 0
+    hvd.init(process_sets="dynamic")
+    try:
+        assert runtime.current().settings.dynamic_process_sets
+        assert "HOROVOD_DYNAMIC_PROCESS_SETS" not in os.environ  # the library never writes the environment
+        members = hvd.global_process_set
+        assert (members.ranks, members.size(), members.rank()) == ([0], 1, 0)
+        with pytest.raises(AttributeError):
+            hvd.global_process_set.ranks = [0, 1]
+    finally:
+        hvd.shutdown()
+    assert hvd.global_process_set.ranks == []
