@@ -1,8 +1,10 @@
-"""Rounds with real processes: a harness serves the store and plans each round, the workers
-`init()` -> collectives -> `shutdown()` -> `init()` again with another membership.
+"""Rounds with real processes: a harness serves the store, the workers `init()` -> collectives ->
+`shutdown()` -> `init()` again with another membership.
 
-Round 1: workers 0, 1, 2 as ranks 0, 1, 2. Round 2: worker 1 has left; the survivors take new
-ranks (2 -> 0, 0 -> 1). Round 3: worker 3, started only now, joins them as rank 0."""
+Planned rounds (`HOROVOD_BOOTSTRAP=store`): round 1, workers 0, 1, 2 as ranks 0, 1, 2; round 2,
+worker 1 has left and the survivors take new ranks (2 -> 0, 0 -> 1); round 3, worker 3, started
+only now, joins them as rank 0. Launcher slots (`env`): a replacement for rank 1, started after
+round 1, meets rank 0 in round 2."""
 
 import json
 import queue
@@ -55,8 +57,8 @@ class Workers:
         self.procs: list[subprocess.Popen] = []
         self.results: queue.Queue = queue.Queue()
 
-    def start(self, worker: int, rounds: int) -> None:
-        env = child_env({**self.env, "HOROVOD_LOCAL_RANK": str(worker)})
+    def start(self, worker: int, rounds: int, **env: str) -> None:
+        env = child_env({**self.env, "HOROVOD_LOCAL_RANK": str(worker), **env})
         proc = subprocess.Popen([sys.executable, "-c", self.script, str(worker), str(rounds)], env=env,
                                 stdout=subprocess.PIPE, text=True)
         self.procs.append(proc)
@@ -85,14 +87,33 @@ class Workers:
         return codes
 
 
-@pytest.mark.parametrize("transport", ["auto", "tcp"])
-def test_workers_leave_and_join_between_rounds_and_get_exact_results(transport):
+    def kill_leftovers(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def expected(worker: int, number: int, members: list[int]) -> dict:
+    """What `worker` reports in round `number` of `members` (in rank order)."""
+    return dict(worker=worker, round=number, rank=members.index(worker), size=len(members),
+                sum=[sum(w + 1 for w in members)], gathered=members, root=[members[0]],
+                global_set=list(range(len(members))))
+
+
+@pytest.fixture
+def store():
     key = wire.new_secret_key()
     server = RendezvousServer(key)
     port = server.start()
-    workers = Workers(WORKER, {"HOROVOD_BOOTSTRAP": "store", "HOROVOD_HOSTNAME": "localhost",
-                               "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
-                               "_HOROVOD_SECRET_KEY": key.hex(), "HOROVOD_CPU_OPERATIONS": transport})
+    yield server, {"HOROVOD_HOSTNAME": "localhost", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+                   "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port), "_HOROVOD_SECRET_KEY": key.hex()}
+    server.stop()
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_workers_leave_and_join_between_rounds_and_get_exact_results(store, transport):
+    server, env = store
+    workers = Workers(WORKER, {**env, "HOROVOD_BOOTSTRAP": "store", "HOROVOD_CPU_OPERATIONS": transport})
     try:
         for worker in ROUNDS[0]:
             workers.start(worker, rounds=sum(worker in members for members in ROUNDS))
@@ -102,14 +123,21 @@ def test_workers_leave_and_join_between_rounds_and_get_exact_results(transport):
             assert publish_round(server, plan(members)) == number
             found = workers.collect(len(members))
             assert sorted(found) == sorted(members)
-            for rank, worker in enumerate(members):
-                assert found[worker] == dict(
-                    worker=worker, round=number, rank=rank, size=len(members),
-                    sum=[sum(w + 1 for w in members)], gathered=members, root=[members[0]],
-                    global_set=list(range(len(members))))
+            assert found == {worker: expected(worker, number, members) for worker in members}
         assert workers.stop() == [0, 0, 0, 0]
     finally:
-        for proc in workers.procs:
-            if proc.poll() is None:
-                proc.kill()
-        server.stop()
+        workers.kill_leftovers()
+
+
+def test_a_replacement_started_later_meets_the_survivor_in_the_next_round(store):
+    _, env = store
+    workers = Workers(WORKER, {**env, "HOROVOD_SIZE": "2", "HOROVOD_LOCAL_SIZE": "2"})
+    try:
+        workers.start(0, rounds=2, HOROVOD_RANK="0", HOROVOD_LOCAL_RANK="0")
+        workers.start(1, rounds=1, HOROVOD_RANK="1", HOROVOD_LOCAL_RANK="1")
+        assert workers.collect(2) == {worker: expected(worker, 1, [0, 1]) for worker in (0, 1)}
+        workers.start(2, rounds=1, HOROVOD_RANK="1", HOROVOD_LOCAL_RANK="1")  # a new process for rank 1
+        assert workers.collect(2) == {worker: expected(worker, 2, [0, 2]) for worker in (0, 2)}
+        assert workers.stop() == [0, 0, 0]
+    finally:
+        workers.kill_leftovers()
