@@ -13,14 +13,13 @@ step in one round and fuses the small tensors. Op names are `<reducer name>.<i>o
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from horovod.common import ops
+from horovod.common import ops, runtime
 from horovod.common.compression import Compressor, NoneCompressor
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Adasum, Average, Sum
@@ -155,7 +154,7 @@ class GradientReducer:
                     out[i] = scale(grad, 1.0 / size)
                 continue
             chosen.append(i)
-        if not chosen or (size == 1 and os.environ.get("HOROVOD_ELASTIC") != "1"):
+        if not chosen or (size == 1 and not runtime.current().settings.elastic):
             return out
         compressed, contexts = zip(*(self.compression.compress(out[i]) for i in chosen))
         plan = self.plan([variables[i] for i in chosen], chosen, len(grads))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-import os
 import weakref
 from typing import Any, Callable, Iterator, Sequence
 
@@ -34,6 +33,7 @@ from horovod.common import basics
 from horovod.common.gradients import GradientReducer
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Adasum, Average
+from horovod.common.settings import Settings
 from horovod.torch.compression import Compression, Compressor
 from horovod.torch.mpi_ops import _Pending, _start, sparse_allreduce_async
 
@@ -71,7 +71,7 @@ class _DistributedOptimizer:
         self._synchronized = False
         self._should_synchronize = True
         process_set = reducer.process_set
-        self._active = bool(process_set.included()) and (basics.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
+        self._active = bool(process_set.included()) and (basics.size() > 1 or Settings.from_env().elastic)
         if self._active:
             self._register_hooks(params)
 
