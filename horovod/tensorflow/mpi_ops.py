@@ -81,18 +81,11 @@ class _TfGradients:
 
 # -- the collectives -----------------------------------------------------------------------------------
 @no_autograph
-def _allreduce(tensor: Any, name: str | None = None, op: int = Sum, prescale_factor: float = 1.0,
-               postscale_factor: float = 1.0, ignore_name_scope: bool = False,
-               process_set: ProcessSet = global_process_set) -> tf.Tensor:
-    """Dense allreduce without compression; differentiable (the gradient is reduced the same way)."""
-    return _grouped_allreduce([tensor], name, op, prescale_factor, postscale_factor, ignore_name_scope,
-                              process_set, grouped=False)[0]
-
-
-@no_autograph
 def _grouped_allreduce(tensors: Sequence[Any], name: str | None = None, op: int = Sum, prescale_factor: float = 1.0,
                        postscale_factor: float = 1.0, ignore_name_scope: bool = False,
                        process_set: ProcessSet = global_process_set, grouped: bool = True) -> list[tf.Tensor]:
+    """Dense allreduce of a list (one core call per list when `grouped`) without compression;
+    differentiable: the gradient is reduced the same way."""
     inputs = [checked_tensor(t, "allreduce") for t in tensors]
     if not inputs:
         return []
@@ -125,7 +118,8 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
         return _sparse_allreduce(tensor, op, prescale_factor * postscale_factor, name, ignore_name_scope,
                                  process_set)
     compressed, ctx = compression.compress(checked_tensor(tensor, "allreduce"))
-    reduced = _allreduce(compressed, name, op, prescale_factor, postscale_factor, ignore_name_scope, process_set)
+    reduced = _grouped_allreduce([compressed], name, op, prescale_factor, postscale_factor, ignore_name_scope,
+                                 process_set, grouped=False)[0]
     return compression.decompress(reduced, ctx)
 
 

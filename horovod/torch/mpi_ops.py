@@ -33,6 +33,7 @@ __all__ = [
     "reducescatter_async", "sparse_allreduce_async", "synchronize",
 ]
 
+
 # -- integer handles ----------------------------------------------------------------------------------
 _handle_map: dict[int, Pending] = {}
 _handle_ids = itertools.count(1)
@@ -251,7 +252,8 @@ def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = 
     return _register(start("allgather", tensors, grouped=True, name=name, process_set=process_set))
 
 
-def allgather(tensor: torch.Tensor, name: str | None = None, process_set: ProcessSet = global_process_set) -> torch.Tensor:
+def allgather(tensor: torch.Tensor, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Every member's `tensor` concatenated along dim 0, in rank order. Differentiable: the
     gradient is the Average-allreduce of the output's gradient, narrowed to this rank's rows."""
     return _allgather(tensors=[tensor], name=name, process_set=process_set, grouped=False)[0]
