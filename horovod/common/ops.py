@@ -14,6 +14,7 @@ import numpy as np
 from horovod.common import basics
 from horovod.common.engine.handles import Entry, Handle
 from horovod.common.engine.messages import OpType, Request
+from horovod.common.partition import block_size
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Adasum, Average, Sum, check_reducible, dtype_name
 
@@ -213,7 +214,7 @@ def _reducescatter_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], na
         _check_reduce(op, dtype_name(tensor.dtype), f"reducescatter {name}")
         if tensor.ndim == 0:
             raise ValueError(f"reducescatter {name}: cannot scatter a rank-zero tensor; reshape it to [1]")
-        rows = tensor.shape[0] // n + (me < tensor.shape[0] % n)
+        rows = block_size(tensor.shape[0], n, me)
         output = np.empty((rows,) + tensor.shape[1:], tensor.dtype)
         return output, {"reduce_op": op, "prescale": float(prescale), "postscale": float(postscale)}
 
