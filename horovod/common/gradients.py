@@ -89,7 +89,7 @@ class GradientReducer:
         return variable is not None and id(variable) in self._local
 
     def set_size(self) -> int:
-        self.process_set._require_registered()
+        self.process_set.require_registered()
         return len(self.process_set.ranks)
 
     def plan(self, variables: Sequence[Any], positions: Sequence[int], total: int) -> Plan:

@@ -143,7 +143,7 @@ def broadcast_async(tensor: np.ndarray, root_rank: int, name: str | None = None,
     rt = basics.runtime()
     full_name = _op_name("broadcast", name, rt, process_set)
     tensor = _check_array(tensor, "broadcast", full_name)
-    process_set._require_registered()
+    process_set.require_registered()
     if root_rank not in process_set.ranks:
         raise ValueError(f"broadcast {full_name}: root_rank {root_rank} is not a member of {process_set}")
     output = np.empty_like(tensor) if output is None else output
@@ -159,7 +159,7 @@ def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None
     rt = basics.runtime()
     full_name = _op_name("alltoall", name, rt, process_set)
     tensor = _check_array(tensor, "alltoall", full_name)
-    process_set._require_registered()
+    process_set.require_registered()
     n = len(process_set.ranks)
     if tensor.ndim == 0:
         raise ValueError(f"alltoall {full_name}: cannot scatter a rank-zero tensor; reshape it to [1]")
@@ -204,7 +204,7 @@ def reducescatter_async(tensor: np.ndarray, name: str | None = None, op: int = A
 
 def _reducescatter_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names: list[str], op: int,
                            prescale: float, postscale: float, process_set: ProcessSet, grouped: bool) -> Handle:
-    process_set._require_registered()
+    process_set.require_registered()
     n = len(process_set.ranks)
     me = process_set.ranks.index(rt.settings.topology.rank) if rt.settings.topology.rank in process_set.ranks else 0
 

@@ -27,7 +27,8 @@ class ProcessSet:
             self.ranks = sorted(ranks)
         self.process_set_id: int | None = None
 
-    def _require_registered(self) -> None:
+    def require_registered(self) -> None:
+        """Raise a ValueError that says how to register this set, before any op is queued on it."""
         if self.process_set_id is None:
             raise ValueError(
                 f"{self} is not registered: pass it to hvd.init(process_sets=[...]) or call "

@@ -50,7 +50,7 @@ class Runtime:
         return self.name_counters[key]
 
     def submit(self, process_set: ProcessSet, entries: list[Entry]) -> None:
-        process_set._require_registered()
+        process_set.require_registered()
         if self.settings.topology.rank not in process_set.ranks:
             raise ValueError(
                 f"rank {self.settings.topology.rank} is not a member of {process_set}; only its members "

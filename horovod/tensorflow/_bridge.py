@@ -133,7 +133,7 @@ def grad_name(name: str | None) -> str | None:
 
 
 def set_size(process_set: ProcessSet) -> int:
-    process_set._require_registered()
+    process_set.require_registered()
     return len(process_set.ranks)
 
 

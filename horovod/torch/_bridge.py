@@ -114,5 +114,5 @@ def run(kind: str, tensors: Sequence[torch.Tensor], **kwargs: Any) -> Any:
 
 def members(process_set: ProcessSet) -> list[int]:
     """The set's global ranks (the set must be registered)."""
-    process_set._require_registered()
+    process_set.require_registered()
     return process_set.ranks
