@@ -4,10 +4,12 @@ import pytest
 
 from horovod.common.engine.coordinator import Coordinator, stall_message, validate
 from horovod.common.engine.fusion import plan_fusion
+from horovod.common.engine.handles import Entry, Handle
 from horovod.common.engine.messages import OpType, Request, Response
 from horovod.common.engine.readiness import (FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, Agreement, agree,
                                              bits)
 from horovod.common.engine.response_cache import ResponseCache
+from horovod.common.engine.state import SetState, ShutdownState
 from horovod.common.reduce_ops import Average, Max, Sum
 
 
@@ -174,3 +176,22 @@ class TestReadiness:
 
     def test_bits_lists_set_bits_in_ascending_order(self):
         assert bits(0) == [] and bits(0b1010_0001) == [0, 5, 7] and bits(1 << 70) == [70]
+
+
+class TestSetState:
+    def test_the_first_member_coordinates_and_pending_work_is_taken_once(self):
+        state = SetState.for_members(2, (1, 3), rank=1, cache_capacity=8, timeline=None)
+        assert state.coordinator is not None and state.cache.capacity == 8
+        assert SetState.for_members(2, (1, 3), rank=3, cache_capacity=8, timeline=None).coordinator is None
+        entries = [Entry(req(1, f"allreduce.{n}"), None, None, Handle(1, False, n)) for n in "abc"]
+        state.new.append(entries[0])
+        state.unsent["allreduce.b"] = (entries[1], 0.0)
+        state.waiting["allreduce.c"] = entries[2]
+        state.names.update(e.name for e in entries)
+        assert state.has_pending()
+        assert state.take_pending() == entries
+        assert state.take_pending() == [] and not state.names and not state.has_pending()
+
+    def test_the_shutdown_error_names_the_ranks_that_left(self):
+        message = str(ShutdownState.error({3, 1}, "allreduce.x"))
+        assert message.startswith("allreduce.x: rank 1, 3 has shut down")

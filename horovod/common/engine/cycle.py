@@ -9,7 +9,7 @@ process sets themselves. Which thread runs a cycle, and when, is the driver's bu
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from horovod.common import wire
 from horovod.common.engine.coordinator import stall_message
@@ -24,11 +24,14 @@ from horovod.common.logging import log
 from horovod.common.settings import Settings
 from horovod.common.transport.base import Transport
 
+if TYPE_CHECKING:
+    from horovod.common.timeline import Timeline
+
 
 class Cycle:
     """Runs cycles over the process sets in `sets` (shared with the engine, which adds sets)."""
 
-    def __init__(self, settings: Settings, transport: Transport, timeline: object | None,
+    def __init__(self, settings: Settings, transport: Transport, timeline: Timeline | None,
                  sets: dict[int, SetState], shutdown: ShutdownState, on_fatal: Callable[[str], None]) -> None:
         self.settings = settings
         self.transport = transport

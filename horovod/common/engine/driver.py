@@ -9,12 +9,11 @@ shutdown. A failure in a cycle fails every pending op with its cause and ends th
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
 import threading
 import time
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable
 
 from horovod.common.engine.coordinator import stall_message
 from horovod.common.engine.cycle import Cycle
@@ -24,6 +23,9 @@ from horovod.common.exceptions import HorovodInternalError
 from horovod.common.logging import log
 from horovod.common.settings import Settings
 from horovod.common.transport.base import PeerFailure, Transport
+
+if TYPE_CHECKING:
+    from horovod.common.timeline import Timeline
 
 # How often pending work is re-examined for stalls while nothing else happens.
 _TICK_SECONDS = 0.5
@@ -35,7 +37,7 @@ _JOIN_GRACE_SECONDS = 200e-6
 class Driver:
     """Runs `cycle` on the engine thread or on a waiting caller's, one at a time."""
 
-    def __init__(self, settings: Settings, transport: Transport, timeline: object | None) -> None:
+    def __init__(self, settings: Settings, transport: Transport, timeline: Timeline | None) -> None:
         self.settings = settings
         self.transport = transport
         self.rank = transport.rank
@@ -51,23 +53,11 @@ class Driver:
         self._stopped = threading.Event()
         self.fatal: HorovodInternalError | None = None
         self._drive = threading.Lock()  # held by whichever thread runs cycles (see drive_until)
-        self._submitter = threading.local()  # will_wait: see caller_waits
         self._finished = False  # no more cycles: the job shut down or the engine failed
         self._thread = threading.Thread(target=self._run, name="hvd-engine", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
-
-    @contextlib.contextmanager
-    def caller_waits(self) -> Iterator[None]:
-        """Around a submission whose caller waits for it at once: it will run the cycle itself
-        (drive_until), so the engine thread is not woken; waking it would only make the two
-        threads compete for the GIL and the drive lock."""
-        self._submitter.will_wait = True
-        try:
-            yield
-        finally:
-            self._submitter.will_wait = False
 
     def _wake(self, driver: bool = False) -> None:
         try:

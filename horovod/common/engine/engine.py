@@ -18,9 +18,18 @@ the engine thread's; a synchronous op runs on its caller's thread, without threa
 
 A transport failure (dead or hung peer) fails every pending op with the peer named and stops
 the engine; `shutdown()` on any rank stops every rank's engine after the current cycle.
+
+One module per part: `driver` (which thread runs the cycles, waking, shutdown, failures),
+`cycle` (one cycle), `readiness` (the fast path's decision), `coordinator` (the slow path),
+`fusion` (the plan), `executor` (running one response), `response_cache`, and `state` (the work
+of each process set, who left the job). This module is the face that the collective API submits to.
 """
 
 from __future__ import annotations
+
+import contextlib
+import threading
+from typing import TYPE_CHECKING, Iterator
 
 from horovod.common.engine.driver import Driver
 from horovod.common.engine.handles import Entry
@@ -28,14 +37,18 @@ from horovod.common.exceptions import HorovodInternalError
 from horovod.common.settings import Settings
 from horovod.common.transport.base import Transport
 
+if TYPE_CHECKING:
+    from horovod.common.timeline import Timeline
+
 
 class Engine(Driver):
     """The engine as the collective API sees it: submit entries, then wait on their handles
     (`Handle.wait` drives the engine; see `Driver.drive_until`)."""
 
     def __init__(self, settings: Settings, transport: Transport, sets: dict[int, tuple[int, ...]],
-                 timeline: object | None) -> None:
+                 timeline: Timeline | None) -> None:
         super().__init__(settings, transport, timeline if transport.rank == 0 else None)
+        self._submitter = threading.local()  # will_wait: see caller_waits
         for set_id, members in sets.items():
             self.register_set(set_id, members)
 
@@ -71,6 +84,17 @@ class Engine(Driver):
             self._wake()
         if self._drive.locked():  # a caller driving the engine may be asleep waiting for peers
             self._wake(driver=True)
+
+    @contextlib.contextmanager
+    def caller_waits(self) -> Iterator[None]:
+        """Around a submission whose caller waits for it at once: it will run the cycle itself
+        (drive_until), so the engine thread is not woken; waking it would only make the two
+        threads compete for the GIL and the drive lock."""
+        self._submitter.will_wait = True
+        try:
+            yield
+        finally:
+            self._submitter.will_wait = False
 
     def register_set(self, set_id: int, members: tuple[int, ...]) -> None:
         self.cycle.register_set(set_id, members)

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from horovod.common.engine.coordinator import Coordinator
 from horovod.common.engine.handles import Entry
 from horovod.common.engine.response_cache import ResponseCache
 from horovod.common.exceptions import HorovodInternalError
+
+if TYPE_CHECKING:
+    from horovod.common.timeline import Timeline
 
 
 @dataclass
@@ -33,7 +37,7 @@ class SetState:
 
     @classmethod
     def for_members(cls, set_id: int, members: tuple[int, ...], rank: int, cache_capacity: int,
-                    timeline: object | None) -> SetState:
+                    timeline: Timeline | None) -> SetState:
         """A fresh set as `rank` sees it: the set's first member coordinates it (and only the
         global set's coordinator records negotiations in the timeline)."""
         coordinator = None
