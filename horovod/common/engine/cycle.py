@@ -104,30 +104,30 @@ class Cycle:
                  | (JOINED if state.joined else 0) | (FORCE_SLOW if force else 0))
         members = state.members
         replies = [wire.decode(p) for p in self.transport.exchange(members, wire.encode((flags, hits, invalid)))]
-        agreement = agree(members, replies, cache.num_bits)
-        if agreement.shut_down:
-            self.shutdown.ranks.update(agreement.shut_down)
+        ready, stale, slow_path, shut_down = agree(members, replies, cache.num_bits)
+        if shut_down:
+            self.shutdown.ranks.update(shut_down)
         gone = self.shutdown.ranks.intersection(members)
         if gone:  # every member sees the same flags, so all of them stop this set together
             for entry in state.take_pending():
                 entry.finish(error=ShutdownState.error(gone, entry.name))
             return ""
-        if agreement.stale:
-            for bit in agreement.stale:
+        if stale:
+            for bit in stale:
                 cache.erase_bit(bit)
             for name, bit in list(hit_bits.items()):
-                if bit in agreement.stale:
+                if bit in stale:
                     misses.append(state.unsent[name][0])
                     del hit_bits[name]
         responses: list[Response] = []
-        for bit in agreement.ready:
+        for bit in ready:
             response = cache.response_for_bit(bit)
             name = response.names[0]
             if name in hit_bits:
                 state.waiting[name] = state.unsent.pop(name)[0]
             responses.append(response)
         fatal = ""
-        if agreement.slow_path:
+        if slow_path:
             for entry in misses:
                 state.unsent.pop(entry.name, None)
                 state.waiting[entry.name] = entry
