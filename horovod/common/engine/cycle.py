@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
 
 class Cycle:
-    """Runs cycles over the process sets in `sets` (shared with the engine, which adds sets)."""
+    """Runs cycles over the process sets in `sets`: the dict the engine submits to, which a cycle
+    itself changes when the job adds or removes a process set."""
 
     def __init__(self, settings: Settings, transport: Transport, timeline: Timeline | None,
                  sets: dict[int, SetState], shutdown: ShutdownState, on_fatal: Callable[[str], None]) -> None:

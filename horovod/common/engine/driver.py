@@ -35,7 +35,8 @@ _JOIN_GRACE_SECONDS = 200e-6
 
 
 class Driver:
-    """Runs `cycle` on the engine thread or on a waiting caller's, one at a time."""
+    """Runs `cycle` on the engine thread or on a waiting caller's thread, one at a time, and
+    fails every pending op when a cycle fails. `Engine` adds the side that submits work."""
 
     def __init__(self, settings: Settings, transport: Transport, timeline: Timeline | None) -> None:
         self.settings = settings
