@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from horovod.common.engine.coordinator import stall_message
 from horovod.common.engine.cycle import Cycle
-from horovod.common.engine.handles import Handle
+from horovod.common.engine.handles import Entry, Handle
 from horovod.common.engine.state import SetState, ShutdownState
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.logging import log
@@ -59,6 +59,12 @@ class Driver:
 
     def start(self) -> None:
         self._thread.start()
+
+    @property
+    def _executing(self) -> list[Entry | None]:
+        """The entries of the operation the cycle runs right now: failed too if the engine dies
+        mid-operation (the fault tests also watch it to kill a rank mid-operation)."""
+        return self.cycle.executing
 
     def _wake(self, driver: bool = False) -> None:
         try:
@@ -157,7 +163,7 @@ class Driver:
     def _die(self, message: str) -> None:
         self._finished = True
         in_flight = sorted({name for state in self.sets.values() for name in state.names}
-                           | {entry.name for entry in self.cycle.executing if entry is not None})
+                           | {entry.name for entry in self._executing if entry is not None})
         if in_flight:
             shown = ", ".join(in_flight[:5]) + (", ..." if len(in_flight) > 5 else "")
             message += f" Ops in flight on this rank: {shown}."
@@ -168,7 +174,7 @@ class Driver:
         for state in self.sets.values():
             for entry in state.take_pending():
                 entry.finish(error=error)
-        for entry in self.cycle.executing:
+        for entry in self._executing:
             if entry is not None:
                 entry.finish(error=error)
 
