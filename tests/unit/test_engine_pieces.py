@@ -4,8 +4,11 @@ import pytest
 
 from horovod.common.engine.coordinator import Coordinator, stall_message, validate
 from horovod.common.engine.fusion import plan_fusion
+from horovod.common.engine.handles import Entry, Handle
 from horovod.common.engine.messages import OpType, Request, Response
+from horovod.common.engine.readiness import FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree, bits
 from horovod.common.engine.response_cache import ResponseCache
+from horovod.common.engine.state import SetState, ShutdownState
 from horovod.common.reduce_ops import Average, Max, Sum
 
 
@@ -130,3 +133,65 @@ def test_messages_round_trip_through_the_wire_codec():
     assert Request.from_wire(wire.decode(wire.encode(request.to_wire()))) == request
     response = Response(OpType.ALLGATHER, ["a", "b"], "int8", [(1, 2), (3, 2)], [[1, 2], [3, 4]])
     assert Response.from_wire(wire.decode(wire.encode(response.to_wire()))) == response
+
+
+class TestReadiness:
+    """The fast path's decision from every member's (flags, ready bits, stale bits)."""
+
+    def test_a_tensor_is_ready_when_every_member_has_it(self):
+        decision = agree((0, 1, 2), [(0, 0b111, 0), (0, 0b101, 0), (0, 0b1101, 0)], num_bits=4)
+        assert decision == ([0, 2], [], False, [])
+
+    def test_one_missing_member_holds_a_tensor_back(self):
+        ready, _, slow_path, _ = agree((0, 1), [(0, 0b11, 0), (0, 0, 0)], num_bits=2)
+        assert ready == [] and not slow_path
+
+    def test_joined_members_do_not_hold_tensors_back(self):
+        ready, _, _, _ = agree((0, 1, 2), [(0, 0b11, 0), (JOINED, 0, 0), (0, 0b10, 0)], num_bits=2)
+        assert ready == [1]
+
+    def test_when_every_member_has_joined_nothing_is_ready(self):
+        ready, _, slow_path, _ = agree((0, 1), [(JOINED, 0b1, 0), (JOINED, 0b1, 0)], num_bits=1)
+        assert ready == [] and not slow_path
+
+    def test_a_stale_bit_anywhere_is_not_ready_and_forces_the_slow_path(self):
+        ready, stale, slow_path, _ = agree((0, 1), [(0, 0b011, 0b100), (0, 0b111, 0b001)], num_bits=3)
+        assert ready == [1] and stale == [0, 2] and slow_path
+
+    @pytest.mark.parametrize("flag", [HAS_UNCACHED, FORCE_SLOW])
+    def test_uncached_or_forced_work_on_any_member_takes_the_slow_path(self, flag):
+        ready, _, slow_path, _ = agree((0, 1), [(0, 0b1, 0), (flag, 0b1, 0)], num_bits=1)
+        assert ready == [0] and slow_path
+
+    def test_shutdown_flags_name_the_global_ranks_that_leave(self):
+        _, _, slow_path, shut_down = agree((3, 5, 7), [(SHUTDOWN, 0, 0), (0, 0, 0), (SHUTDOWN | JOINED, 0, 0)],
+                                           num_bits=0)
+        assert shut_down == [3, 7] and not slow_path
+
+    def test_each_set_decides_over_its_own_members_and_cache(self):
+        # Two sets, two caches: the same bit means different tensors, so they are decided apart.
+        whole = agree((0, 1, 2), [(0, 0b1, 0), (0, 0b1, 0), (0, 0b0, 0)], num_bits=1)
+        pair = agree((0, 1), [(0, 0b1, 0), (0, 0b1, 0)], num_bits=1)
+        assert whole[0] == [] and pair[0] == [0]
+
+    def test_bits_lists_set_bits_in_ascending_order(self):
+        assert bits(0) == [] and bits(0b1010_0001) == [0, 5, 7] and bits(1 << 70) == [70]
+
+
+class TestSetState:
+    def test_the_first_member_coordinates_and_pending_work_is_taken_once(self):
+        state = SetState.for_members(2, (1, 3), rank=1, cache_capacity=8, timeline=None)
+        assert state.coordinator is not None and state.cache.capacity == 8
+        assert SetState.for_members(2, (1, 3), rank=3, cache_capacity=8, timeline=None).coordinator is None
+        entries = [Entry(req(1, f"allreduce.{n}"), None, None, Handle(1, False, n)) for n in "abc"]
+        state.new.append(entries[0])
+        state.unsent["allreduce.b"] = (entries[1], 0.0)
+        state.waiting["allreduce.c"] = entries[2]
+        state.names.update(e.name for e in entries)
+        assert state.has_pending()
+        assert state.take_pending() == entries
+        assert state.take_pending() == [] and not state.names and not state.has_pending()
+
+    def test_the_shutdown_error_names_the_ranks_that_left(self):
+        message = str(ShutdownState.error({3, 1}, "allreduce.x"))
+        assert message.startswith("allreduce.x: rank 1, 3 has shut down")

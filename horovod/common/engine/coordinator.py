@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from horovod.common.engine.messages import OpType, Request, Response
 from horovod.common.reduce_ops import OP_NAMES
+
+if TYPE_CHECKING:
+    from horovod.common.timeline import Timeline
 
 
 def _describe(values_by_rank: dict[int, object]) -> str:
@@ -86,7 +89,7 @@ class _Pending:
 class Coordinator:
     """Message table of one process set, kept on its coordinator rank."""
 
-    def __init__(self, members: tuple[int, ...], timeline: object | None = None) -> None:
+    def __init__(self, members: tuple[int, ...], timeline: Timeline | None = None) -> None:
         self.members = members
         self.table: dict[str, _Pending] = {}
         self.joined: list[int] = []

@@ -6,7 +6,7 @@ Every member executes the same responses in the same order, so the transport cal
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -16,13 +16,16 @@ from horovod.common.exceptions import HorovodInternalError
 from horovod.common.reduce_ops import SUPPORTED_DTYPES, Average, Sum, scale_in_place
 from horovod.common.transport.base import Transport
 
+if TYPE_CHECKING:
+    from horovod.common.timeline import Timeline
+
 
 def _numel(shape: Sequence[int]) -> int:
     return math.prod(shape)
 
 
 class Executor:
-    def __init__(self, transport: Transport, fusion_threshold: int, timeline: object | None) -> None:
+    def __init__(self, transport: Transport, fusion_threshold: int, timeline: Timeline | None) -> None:
         self.transport = transport
         self.fusion_threshold = fusion_threshold
         self.timeline = timeline

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 from _thread import allocate_lock as _allocate_lock
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from horovod.common.engine.messages import Request
+
+
+class Driving(Protocol):
+    """What a handle needs of the engine: a thread about to wait for it runs the cycles itself."""
+
+    def drive_until(self, handle: Handle) -> None:
+        """Run the engine's cycles on the calling thread until `handle` completes (or return at
+        once when another thread drives)."""
 
 
 class Handle:
@@ -28,7 +36,7 @@ class Handle:
         self._error: BaseException | None = None
         self.grouped = grouped
         self.name = name
-        self.engine: Any = None  # set on enqueue; a waiting thread runs it (Engine.drive_until)
+        self.engine: Driving | None = None  # set on enqueue; a waiting thread runs it (drive_until)
         if count:
             self._done.acquire()
 

@@ -1,0 +1,199 @@
+"""One negotiation cycle: what every rank does, in lockstep, each time the engine runs.
+
+For every process set this rank belongs to, in id order: the fast-path exchange of bit vectors
+(decided by `readiness.agree`), the slow path through the set's coordinator when some member
+needs it, then the fusion plan and the execution of the agreed responses, or a change of the
+process sets themselves. Which thread runs a cycle, and when, is the driver's business.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Callable
+
+from horovod.common import wire
+from horovod.common.engine.coordinator import stall_message
+from horovod.common.engine.executor import Executor
+from horovod.common.engine.fusion import plan_fusion
+from horovod.common.engine.handles import Entry
+from horovod.common.engine.messages import CACHEABLE, OpType, Request, Response
+from horovod.common.engine.readiness import FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree
+from horovod.common.engine.state import SetState, ShutdownState
+from horovod.common.exceptions import HorovodInternalError
+from horovod.common.logging import log
+from horovod.common.settings import Settings
+from horovod.common.transport.base import Transport
+
+if TYPE_CHECKING:
+    from horovod.common.timeline import Timeline
+
+
+class Cycle:
+    """Runs cycles over the process sets in `sets`: the dict the engine submits to, which a cycle
+    itself changes when the job adds or removes a process set."""
+
+    def __init__(self, settings: Settings, transport: Transport, timeline: Timeline | None,
+                 sets: dict[int, SetState], shutdown: ShutdownState, on_fatal: Callable[[str], None]) -> None:
+        self.settings = settings
+        self.transport = transport
+        self.rank = transport.rank
+        self.timeline = timeline
+        self.executor = Executor(transport, settings.fusion_threshold, self.timeline)
+        self.sets = sets
+        self.shutdown = shutdown
+        self._on_fatal = on_fatal  # a coordinator's fatal decision (stall shutdown) ends the engine
+        self.forced = False  # the next cycle is due now and takes the slow path (stalled work)
+        self.last_start = 0.0
+        self.executing: list[Entry | None] = []  # failed too if the engine dies mid-operation
+
+    def register_set(self, set_id: int, members: tuple[int, ...]) -> None:
+        self.sets[set_id] = SetState.for_members(set_id, members, self.rank, self.settings.cache_capacity,
+                                                 self.timeline)
+
+    def run(self) -> bool:
+        """Run one lockstep cycle over every set this rank is in; False once the job shuts down."""
+        self.last_start = time.monotonic()
+        if self.timeline is not None and self.timeline.active and self.timeline.mark_cycles:
+            self.timeline.mark_cycle_start()
+        force, self.forced = self.forced, False
+        for set_id in sorted(self.sets):
+            state = self.sets.get(set_id)
+            if state is None or self.rank not in state.members:
+                continue
+            fatal = self._negotiate_and_run(state, force)
+            if fatal:
+                self._on_fatal(fatal)
+                return False
+        shutdown = self.shutdown
+        if self.rank in shutdown.ranks:  # our flag went out in this cycle's exchange
+            shutdown.announced = True
+            if not shutdown.wait_for_peers or len(shutdown.ranks) == self.transport.size:
+                return False
+        return True
+
+    def _negotiate_and_run(self, state: SetState, force: bool) -> str:
+        """One set's share of the cycle; returns a fatal error message ('' when all is well)."""
+        now = time.monotonic()
+        with state.lock:
+            new, state.new = state.new, []
+        join_request = None
+        for entry in new:
+            if entry.request.op_type == OpType.JOIN:
+                join_request = entry.request
+                state.joined = True
+                state.waiting[entry.name] = entry
+            else:
+                state.unsent[entry.name] = (entry, now)
+        cache = state.cache
+        stall_limit = None if self.settings.stall_check_disable else self.settings.stall_check_time_seconds
+        hits = invalid = 0
+        misses: list[Entry] = []
+        hit_bits: dict[str, int] = {}
+        for name, (entry, since) in list(state.unsent.items()):
+            status, bit = ("miss", -1)
+            if cache.enabled and entry.request.op_type in CACHEABLE:
+                status, bit = cache.lookup(entry.request)
+            if status == "hit" and (stall_limit is None or now - since < stall_limit):
+                hits |= 1 << bit
+                hit_bits[name] = bit
+                continue
+            if bit >= 0:
+                invalid |= 1 << bit
+            misses.append(entry)
+        flags = ((SHUTDOWN if (state.set_id == 0 and self.shutdown.requested) else 0)
+                 | (HAS_UNCACHED if (misses or join_request) else 0)
+                 | (JOINED if state.joined else 0) | (FORCE_SLOW if force else 0))
+        members = state.members
+        replies = [wire.decode(p) for p in self.transport.exchange(members, wire.encode((flags, hits, invalid)))]
+        ready, stale, slow_path, shut_down = agree(members, replies, cache.num_bits)
+        if shut_down:
+            self.shutdown.ranks.update(shut_down)
+        gone = self.shutdown.ranks.intersection(members)
+        if gone:  # every member sees the same flags, so all of them stop this set together
+            for entry in state.take_pending():
+                entry.finish(error=ShutdownState.error(gone, entry.name))
+            return ""
+        if stale:
+            for bit in stale:
+                cache.erase_bit(bit)
+            for name, bit in list(hit_bits.items()):
+                if bit in stale:
+                    misses.append(state.unsent[name][0])
+                    del hit_bits[name]
+        responses: list[Response] = []
+        for bit in ready:
+            response = cache.response_for_bit(bit)
+            name = response.names[0]
+            if name in hit_bits:
+                state.waiting[name] = state.unsent.pop(name)[0]
+            responses.append(response)
+        fatal = ""
+        if slow_path:
+            for entry in misses:
+                state.unsent.pop(entry.name, None)
+                state.waiting[entry.name] = entry
+            requests = [e.request.to_wire() for e in misses] + ([join_request.to_wire()] if join_request else [])
+            fatal, slow = self._slow_path(state, wire.encode(requests))
+            for response in slow:
+                if response.op_type in CACHEABLE and not response.error:
+                    entry = state.waiting.get(response.names[0])
+                    cache.put(response, entry.request.signature() if entry else None)
+            responses.extend(slow)
+        if fatal:
+            return fatal
+        for response in plan_fusion(responses, self.settings.fusion_threshold):
+            self._execute(state, response)
+        return ""
+
+    def _slow_path(self, state: SetState, payload: bytes) -> tuple[str, list[Response]]:
+        members, root = state.members, state.members[0]
+        gathered = self.transport.gather(members, payload, root)
+        answer = None
+        if gathered is not None:
+            coordinator = state.coordinator
+            assert coordinator is not None
+            ready: list[str] = []
+            for blob in gathered:
+                ready.extend(coordinator.add([Request.from_wire(item) for item in wire.decode(blob)]))
+            ready.extend(coordinator.ready_after_joins())
+            responses = coordinator.build_responses(ready)
+            fatal = ""
+            limit = self.settings.stall_shutdown_time_seconds
+            if limit > 0 and not self.settings.stall_check_disable:
+                stalled = coordinator.stalled(time.monotonic(), limit)
+                if stalled:
+                    fatal = stall_message(stalled, limit, True)
+                    log.error("%s", fatal)
+            answer = wire.encode((fatal, [r.to_wire() for r in responses]))
+        fatal, items = wire.decode(self.transport.bcast_bytes(members, answer, root))
+        return fatal, [Response.from_wire(item) for item in items]
+
+    def _execute(self, state: SetState, response: Response) -> None:
+        with state.lock:
+            entries = [state.waiting.pop(name, None) for name in response.names]
+            state.names.difference_update(response.names)
+        if response.op_type == OpType.JOIN:
+            state.joined = False
+        elif response.op_type in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
+            self._change_sets(response, entries)
+            return
+        self.executing = entries
+        self.executor.execute(response, entries, state.members)
+        self.executing = []
+
+    def _change_sets(self, response: Response, entries: list[Entry | None]) -> None:
+        if response.op_type == OpType.ADD_PROCESS_SET:
+            set_id = next(i for i in range(1, len(self.sets) + 2) if i not in self.sets)
+            self.register_set(set_id, tuple(response.process_set_ranks))
+            result: object = set_id
+        else:
+            set_id = response.root_rank
+            removed = self.sets.pop(set_id, None)
+            if removed is not None:
+                for entry in removed.take_pending():
+                    entry.finish(error=HorovodInternalError(
+                        f"process set {set_id} was removed while {entry.name} was pending"))
+            result = removed is not None
+        for entry in entries:
+            if entry is not None:
+                entry.finish(result)

@@ -1,0 +1,256 @@
+"""Who runs the engine's cycles, when, and what happens when one fails.
+
+Either the engine thread (overlapped work, cycles a peer starts) or a framework thread that
+would otherwise only wait for its handle (`drive_until`); the drive lock lets exactly one of
+them run cycles at a time. Each has its own wake-up pipe. Between cycles the driver sleeps on
+the transport's activity, re-examines pending work for stalls, and hands the job over at
+shutdown. A failure in a cycle fails every pending op with its cause and ends the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+from typing import TYPE_CHECKING, Callable
+
+from horovod.common.engine.coordinator import stall_message
+from horovod.common.engine.cycle import Cycle
+from horovod.common.engine.handles import Entry, Handle
+from horovod.common.engine.state import SetState, ShutdownState
+from horovod.common.exceptions import HorovodInternalError
+from horovod.common.logging import log
+from horovod.common.settings import Settings
+from horovod.common.transport.base import PeerFailure, Transport
+
+if TYPE_CHECKING:
+    from horovod.common.timeline import Timeline
+
+# How often pending work is re-examined for stalls while nothing else happens.
+_TICK_SECONDS = 0.5
+# How long an idle engine thread that a peer calls into leaves for a local waiting thread to answer
+# (see _loop).
+_JOIN_GRACE_SECONDS = 200e-6
+
+
+class Driver:
+    """Runs `cycle` on the engine thread or on a waiting caller's thread, one at a time, and
+    fails every pending op when a cycle fails. `Engine` adds the side that submits work."""
+
+    def __init__(self, settings: Settings, transport: Transport, timeline: Timeline | None) -> None:
+        self.settings = settings
+        self.transport = transport
+        self.rank = transport.rank
+        self.sets: dict[int, SetState] = {}
+        self.shutdown = ShutdownState()
+        self.cycle = Cycle(settings, transport, timeline, self.sets, self.shutdown, on_fatal=self._die)
+        # Two wake-up pipes: one for the idle engine thread, one for a caller driving the engine
+        # (sharing one, either could drain a wake-up meant for the other).
+        self._wake_r, self._wake_w = os.pipe()
+        self._driver_wake_r, self._driver_wake_w = os.pipe()
+        for fd in (self._wake_r, self._wake_w, self._driver_wake_r, self._driver_wake_w):
+            os.set_blocking(fd, False)
+        self._stopped = threading.Event()
+        self.fatal: HorovodInternalError | None = None
+        self._drive = threading.Lock()  # held by whichever thread runs cycles (see drive_until)
+        self._finished = False  # no more cycles: the job shut down or the engine failed
+        self._thread = threading.Thread(target=self._run, name="hvd-engine", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def _executing(self) -> list[Entry | None]:
+        """The entries of the operation the cycle runs right now: failed too if the engine dies
+        mid-operation (the fault tests also watch it to kill a rank mid-operation)."""
+        return self.cycle.executing
+
+    def _wake(self, driver: bool = False) -> None:
+        try:
+            os.write(self._driver_wake_w if driver else self._wake_w, b"\0")
+        except (BlockingIOError, OSError):
+            pass
+
+    def request_shutdown(self, wait_for_peers: bool = True) -> None:
+        """Leave the job.
+
+        Normally this rank keeps serving negotiation until every rank has shut down, so ranks
+        still working in process sets without us can finish; anything that needs us fails at
+        once. A rank leaving because of an error does not wait: it announces its departure and
+        goes, so it is the first to exit and the launcher reports its error as the root cause.
+        """
+        self.shutdown.wait_for_peers = wait_for_peers
+        self.shutdown.requested = True
+        self._wake()
+        if not wait_for_peers:
+            self._thread.join(5.0)
+            if self._thread.is_alive():
+                self.transport.close()
+            return
+        while True:
+            self._thread.join(60.0)
+            if not self._thread.is_alive():
+                return
+            waiting_for = sorted(set(range(self.transport.size)) - self.shutdown.ranks)
+            log.warning("rank %d: waiting for ranks %s to finish and shut down", self.rank, waiting_for)
+
+    # -- who runs the engine: its own thread, or a framework thread that would only wait -----
+    def drive_until(self, handle: Handle) -> None:
+        """Run the engine on the calling thread until `handle` completes.
+
+        A thread blocked on a small collective would sit idle while the engine thread is woken
+        to do the work and then wakes it back: two thread hand-offs and a GIL contest that cost
+        more than the op itself. So a waiting thread runs the cycles itself; the engine thread
+        only works while no framework thread waits (overlap with compute, peer-initiated cycles).
+        """
+        if self._finished or threading.current_thread() is self._thread:
+            return
+        # Someone else drives (another waiting thread, or the engine thread in a cycle): then just
+        # wait for the handle. Queueing for the lock instead would deadlock: a driver only leaves
+        # once its own op is done, which may need ops that threads queued behind it have yet to
+        # submit, on this rank or another.
+        if not self._drive.acquire(blocking=False):
+            return
+        try:
+            if self._finished or handle.poll():
+                return
+            self.transport.set_caller_driving(True)
+            try:
+                self._guarded(self._drive_loop, handle)
+            finally:
+                peer_waiting = self.transport.set_caller_driving(False)
+        finally:
+            self._drive.release()
+        if peer_waiting or self._finished or self._has_new_work():
+            self._wake()  # the engine thread takes over what is left
+
+    def _drive_loop(self, handle: Handle) -> None:
+        while not handle.poll() and not self._finished:
+            if self._cycle_due() or self.transport.wait_for_activity(0, self._driver_wake_r, driver=True):
+                self._run_cycle()
+                continue
+            timeout = self._idle_timeout()
+            self.transport.wait_for_activity(_TICK_SECONDS if timeout is None else min(timeout, _TICK_SECONDS),
+                                             self._driver_wake_r, driver=True)
+            self._drain_wakes(self._driver_wake_r)
+            if not self._has_new_work():
+                self._check_stalls()
+
+    def _run(self) -> None:
+        try:
+            self._guarded(self._loop)
+        finally:
+            self._stopped.set()
+            self.transport.close()
+            for fd in (self._wake_r, self._wake_w, self._driver_wake_r, self._driver_wake_w):
+                os.close(fd)
+
+    def _guarded(self, work: Callable[..., None], *args: object) -> None:
+        """Run engine work; a failure fails every pending op with its cause and ends the engine."""
+        try:
+            work(*args)
+        except PeerFailure as exc:
+            self._die(f"Horovod stopped on rank {self.rank}: {exc}. "
+                      "The rank named here is the one that failed; look at its output for the cause.")
+        except (KeyboardInterrupt, SystemExit) as exc:  # a caller interrupted mid-cycle: peers can't resume
+            self._die(f"Horovod stopped on rank {self.rank}: interrupted ({type(exc).__name__}) during a cycle")
+            raise
+        except BaseException as exc:  # a bug of ours: report it on every pending op, never hang
+            log.error("engine failed: %r", exc, exc_info=True)
+            self._die(f"Horovod's engine failed on rank {self.rank}: {exc!r}")
+
+    def _die(self, message: str) -> None:
+        self._finished = True
+        in_flight = sorted({name for state in self.sets.values() for name in state.names}
+                           | {entry.name for entry in self._executing if entry is not None})
+        if in_flight:
+            shown = ", ".join(in_flight[:5]) + (", ..." if len(in_flight) > 5 else "")
+            message += f" Ops in flight on this rank: {shown}."
+        self.fatal = HorovodInternalError(message)
+        self._fail_everything(self.fatal)
+
+    def _fail_everything(self, error: BaseException) -> None:
+        for state in self.sets.values():
+            for entry in state.take_pending():
+                entry.finish(error=error)
+        for entry in self._executing:
+            if entry is not None:
+                entry.finish(error=error)
+
+    def _busy(self) -> bool:
+        return any(state.unsent or state.waiting for state in self.sets.values())
+
+    def _has_new_work(self) -> bool:
+        return ((self.shutdown.requested and not self.shutdown.announced) or self.cycle.forced
+                or any(state.new for state in self.sets.values()))
+
+    def _cycle_due(self) -> bool:
+        """A lone op starts at once; ops arriving while others are in flight are batched for up
+        to one cycle time so they can be fused."""
+        return self._has_new_work() and (
+            not self._busy() or self.shutdown.requested
+            or time.monotonic() >= self.cycle.last_start + self.settings.cycle_time_ms / 1000.0)
+
+    def _idle_timeout(self) -> float | None:
+        """How long the engine may wait for peers before it has something to do itself."""
+        if self._has_new_work():
+            return max(0.0, self.cycle.last_start + self.settings.cycle_time_ms / 1000.0 - time.monotonic())
+        return _TICK_SECONDS if any(s.has_pending() for s in self.sets.values()) else None
+
+    def _run_cycle(self) -> None:
+        if not self.cycle.run():
+            self._finished = True
+
+    def _drain_wakes(self, fd: int) -> None:
+        try:
+            os.read(fd, 4096)
+        except BlockingIOError:
+            pass
+
+    def _loop(self) -> None:
+        """The engine thread: sleep (without the drive lock) until there is work or a peer
+        starts a cycle, then take the lock and do it, unless a waiting caller already has."""
+        while not self._finished:
+            timeout = 0.0 if self._cycle_due() else self._idle_timeout()
+            peer_started = False
+            if timeout != 0:
+                peer_started = self.transport.wait_for_activity(timeout, self._wake_r)
+                if peer_started and timeout is None and not self._has_new_work():
+                    # A peer started a cycle while we had nothing to submit. Our next op is most
+                    # likely being submitted right now by a thread that will wait for it and run
+                    # the cycle itself (drive_until); a cycle without it would achieve nothing and
+                    # cost another. Give that thread a moment; answer the peer only if none came.
+                    last_cycle = self.cycle.last_start
+                    select.select([self._wake_r], [], [], _JOIN_GRACE_SECONDS)
+                    if self.cycle.last_start != last_cycle:  # a waiting thread ran a cycle
+                        continue
+            self._drain_wakes(self._wake_r)
+            with self._drive:
+                if self._finished:
+                    return
+                if self._cycle_due() or (peer_started and self.transport.wait_for_activity(
+                        0, self._driver_wake_r, driver=True)):
+                    self._run_cycle()
+                elif timeout is not None and not self._has_new_work():
+                    self._check_stalls()
+
+    def _check_stalls(self) -> None:
+        """Warn (coordinator) or escalate stalled work; may request a cycle."""
+        s = self.settings
+        if s.stall_check_disable:
+            return
+        now = time.monotonic()
+        for state in self.sets.values():
+            if any(now - since >= s.stall_check_time_seconds for _, since in state.unsent.values()):
+                self.cycle.forced = True  # stale cache hits renegotiate so the coordinator sees them
+            coordinator = state.coordinator
+            if coordinator is None or not coordinator.table:
+                continue
+            if s.stall_shutdown_time_seconds > 0 and coordinator.stalled(now, s.stall_shutdown_time_seconds):
+                self.cycle.forced = True
+            elif now - state.last_stall_warning >= s.stall_check_time_seconds:
+                stalled = coordinator.stalled(now, s.stall_check_time_seconds)
+                if stalled:
+                    state.last_stall_warning = now
+                    log.warning("%s", stall_message(stalled, s.stall_check_time_seconds, False))
