@@ -23,7 +23,7 @@ from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.rendezvous import JOINED, RendezvousClient
 from horovod.common.settings import Settings
 from horovod.common.transport import create as create_transport
-from horovod.common.transport.base import PeerFailure, Transport
+from horovod.common.transport.base import PeerFailure, Transport, TransportContext
 
 NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
 
@@ -141,10 +141,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             if rendezvous is not None:
                 rendezvous.put(JOINED, str(topo.rank), b"")  # the launcher times the start from here
             transport = create_transport(
-                settings.cpu_operations, rank=topo.rank, size=topo.size, rendezvous=rendezvous,
-                secret_key=settings.secret_key, generation=_generation,
-                rendezvous_addr=settings.rendezvous_addr or "127.0.0.1", start_timeout=settings.start_timeout,
-                peer_timeout=settings.peer_timeout_seconds, topology=topo, settings=settings)
+                settings.cpu_operations, TransportContext(topo, settings, rendezvous, round=_generation))
             sets = _static_sets(process_sets, topo.size)
             _check_sets_agree(transport, sets)
         except BaseException as exc:

@@ -13,7 +13,6 @@ import errno
 import os
 import queue
 import select
-import selectors
 import socket
 import threading
 import time
@@ -25,8 +24,7 @@ from horovod.common import wire
 from horovod.common.reduce_ops import reduce_into
 from horovod.common.rendezvous import RendezvousClient
 from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS
-from horovod.common.transport import register
-from horovod.common.transport.base import PeerFailure, Transport
+from horovod.common.transport.base import PeerFailure, Transport, TransportContext
 
 # Below this many bytes a message is sent from the calling thread (it fits in the socket buffers).
 INLINE_SEND_BYTES = 64 * 1024
@@ -320,24 +318,20 @@ def _tune(sock: socket.socket, detection_seconds: float) -> None:
 class TcpTransport(Transport):
     name = "tcp"
 
-    def __init__(self, rank: int, size: int, rendezvous: RendezvousClient | None, secret_key: bytes | None,
-                 generation: int, rendezvous_addr: str = "127.0.0.1", start_timeout: float = 30.0,
-                 peer_timeout: float = 30.0, topology: object = None, settings: object = None,
-                 **_: object) -> None:
-        super().__init__(rank, size)
+    def __init__(self, context: TransportContext) -> None:
+        super().__init__(context)
+        settings = context.settings
         self._peers: dict[int, _Peer] = {}
         self._scratch = np.empty(0, np.uint8)
-        self._selectors: dict[bool, selectors.BaseSelector] = {}  # the driver's and the idle engine thread's
-        self._selector_lock = threading.Lock()
         self.deaths: DeathWatch | None = None
-        self.hostname = getattr(topology, "hostname", None) or socket.gethostname()
-        self.hosts: dict[int, str] = {rank: self.hostname}  # where each rank runs, for messages
-        self.detection_seconds = float(getattr(settings, "failure_detection_seconds",
-                                               DEFAULT_FAILURE_DETECTION_SECONDS))
-        if size > 1:
-            assert rendezvous is not None and secret_key is not None
+        self.hostname = context.topology.hostname or socket.gethostname()
+        self.hosts: dict[int, str] = {self.rank: self.hostname}  # where each rank runs, for messages
+        self.detection_seconds = settings.failure_detection_seconds
+        if self.size > 1:
+            assert context.rendezvous is not None and settings.secret_key is not None
             try:
-                self._connect_mesh(rendezvous, secret_key, generation, rendezvous_addr, start_timeout, peer_timeout)
+                self._connect_mesh(context.rendezvous, settings.secret_key, context.round, context.store_host,
+                                   settings.start_timeout, settings.peer_timeout_seconds)
             except BaseException:
                 self.close()
                 raise
@@ -601,21 +595,10 @@ class TcpTransport(Transport):
         self._flush(others)
         return payload
 
-    def wait_for_activity(self, timeout: float | None, wake_fd: int, driver: bool = False) -> bool:
-        with self._selector_lock:  # the engine thread and a driving caller may both get here first
-            selector = self._selectors.get(driver)
-            if selector is None:
-                selector = self._selectors[driver] = selectors.DefaultSelector()
-                selector.register(wake_fd, selectors.EVENT_READ, None)
-                for peer in self._peers.values():
-                    selector.register(peer.sock, selectors.EVENT_READ, peer.rank)
-        events = selector.select(timeout)
-        return any(key.data is not None for key, _ in events)
+    def activity_fds(self, driver: bool) -> dict[int, bool]:
+        return {peer.sock.fileno(): True for peer in self._peers.values()}
 
     def close(self) -> None:
-        for selector in self._selectors.values():
-            selector.close()
-        self._selectors.clear()
         if self.deaths is not None:
             self.deaths.announce()
             self.deaths.close()
@@ -645,5 +628,3 @@ def _segment_bounds(total: int, counts: Sequence[int]) -> list[tuple[int, int]]:
         raise ValueError(f"segment counts sum to {lo}, buffer holds {total}")
     return bounds
 
-
-register("tcp", TcpTransport)
