@@ -6,6 +6,7 @@ import queue
 import socket
 import threading
 import time
+from typing import Sequence
 
 import numpy as np
 
@@ -121,6 +122,26 @@ class PeerConnection:
             pass
         self.sock.close()
         self._thread.join(timeout=1.0)
+
+
+
+class PeerLinks:
+    """A rank's connections as the `PointToPoint` that `horovod.common.algorithms` run over."""
+
+    def __init__(self, rank: int, peers: dict[int, PeerConnection]) -> None:
+        self.rank = rank
+        self._peers = peers  # shared with the owner: connections added or closed there show here
+
+    def send(self, rank: int, data: np.ndarray) -> None:
+        self._peers[rank].send(data)
+
+    def recv_into(self, rank: int, view: np.ndarray) -> None:
+        self._peers[rank].recv_into(view)
+
+    def flush(self, ranks: Sequence[int]) -> None:
+        for r in ranks:
+            if r != self.rank:
+                self._peers[r].flush()
 
 
 def byte_view(data: bytes | bytearray | memoryview | np.ndarray) -> memoryview:
