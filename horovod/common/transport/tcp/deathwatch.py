@@ -58,7 +58,7 @@ class DeathWatch:
         self._told: dict[int, str] = {}  # how a rank failed, as the rank that blamed it put it
         self._tellers: dict[int, int] = {}  # who blamed a rank (the first to tell us)
         self._reported_reason = ""
-        self.listeners: list = []  # called (on the watch thread) when a connection closes
+        self.listeners: list[Callable[[], None]] = []  # called (on the watch thread) when a connection closes
         self.local_cause: Callable[[int], int | None] | None = None  # whom a rank blamed, if known locally
         self.reported: int | None = None  # the rank our own failure report named
         self._rank = rank

@@ -24,6 +24,8 @@ from horovod.common.transport.tcp.peer import PeerConnection, PeerLinks
 
 
 class TcpTransport(Transport):
+    """A full mesh of TCP connections (`Mesh`); collectives are `horovod.common.algorithms` over it."""
+
     name = "tcp"
 
     def __init__(self, context: TransportContext) -> None:
