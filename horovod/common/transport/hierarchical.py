@@ -120,4 +120,3 @@ class HierarchicalTransport(ShmTransport):
                 start = offsets[where[r]]
                 recv[start: start + size] = everything[at: at + size]
                 at += size
-

@@ -988,4 +988,3 @@ class ShmTransport(Transport):
 def shared_memory_usable() -> bool:
     """Whether this platform offers what the shm transport needs (Linux: /dev/shm, abstract sockets)."""
     return sys.platform.startswith("linux") and os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
-
