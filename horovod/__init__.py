@@ -2,9 +2,11 @@
 
 `import horovod.torch as hvd` (or `.tensorflow`, `.keras`, `.numpy`) for the training API;
 `horovod.run(func, np=4)` to run a function on several ranks from Python.
+`__version__` is the Horovod API level implemented (scripts gate on it); `__khorovod_version__`
+is this package's own release.
 """
 
-from horovod.version import __version__
+from horovod.version import __khorovod_version__, __version__
 
 
 def run(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -14,4 +16,4 @@ def run(*args, **kwargs):  # type: ignore[no-untyped-def]
     return _run(*args, **kwargs)
 
 
-__all__ = ["__version__", "run"]
+__all__ = ["__khorovod_version__", "__version__", "run"]

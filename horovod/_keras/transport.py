@@ -2,8 +2,8 @@
 
 * tensorflow: `horovod.tensorflow`'s graph node / eager path (IndexedSlices included);
 * torch, and jax outside `jit`: the tensors' numpy values, reduced, converted back;
-* jax inside `jit` (Keras' default): one `jax.pure_callback` per step around the same
-  numpy-level reduction, so the traced step stays a pure function.
+* jax inside `jit` (Keras' default): one host callback per step around the same numpy-level
+  reduction (`horovod.jax._bridge`), so the traced step stays a pure function.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def is_traced_jax(values: Sequence[Any]) -> bool:
     """True inside a jax transformation (jit), where values are tracers without data."""
     if keras.backend.backend() != "jax":
         return False
-    import jax
+    from horovod.jax._bridge import is_traced
 
-    return any(isinstance(v, jax.core.Tracer) for v in values if v is not None)
+    return is_traced(values)
 
 
 def static_bool(value: Any) -> bool | None:
@@ -63,9 +63,8 @@ def _host_transport(reducer: GradientReducer, tensors: list[Any], plan: Plan) ->
         return reducer.submit([np.asarray(a) for a in arrays], plan)()
 
     if is_traced_jax(tensors):
-        import jax
+        from horovod.jax._bridge import host_callback
 
-        shapes = [jax.ShapeDtypeStruct(t.shape, t.dtype) for t in tensors]
-        return list(jax.pure_callback(reduce_arrays, shapes, *tensors))
+        return host_callback(reduce_arrays, tensors)
     reduced = reduce_arrays(*(keras.ops.convert_to_numpy(t) for t in tensors))
     return [keras.ops.convert_to_tensor(a) for a in reduced]

@@ -13,14 +13,13 @@ step in one round and fuses the small tensors. Op names are `<reducer name>.<i>o
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from horovod.common import ops
+from horovod.common import ops, runtime
 from horovod.common.compression import Compressor, NoneCompressor
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Adasum, Average, Sum
@@ -90,7 +89,7 @@ class GradientReducer:
         return variable is not None and id(variable) in self._local
 
     def set_size(self) -> int:
-        self.process_set._require_registered()
+        self.process_set.require_registered()
         return len(self.process_set.ranks)
 
     def plan(self, variables: Sequence[Any], positions: Sequence[int], total: int) -> Plan:
@@ -155,7 +154,7 @@ class GradientReducer:
                     out[i] = scale(grad, 1.0 / size)
                 continue
             chosen.append(i)
-        if not chosen or (size == 1 and os.environ.get("HOROVOD_ELASTIC") != "1"):
+        if not chosen or (size == 1 and not runtime.current().settings.elastic):
             return out
         compressed, contexts = zip(*(self.compression.compress(out[i]) for i in chosen))
         plan = self.plan([variables[i] for i in chosen], chosen, len(grads))

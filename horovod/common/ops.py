@@ -14,6 +14,7 @@ import numpy as np
 from horovod.common import basics
 from horovod.common.engine.handles import Entry, Handle
 from horovod.common.engine.messages import OpType, Request
+from horovod.common.partition import block_size
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Adasum, Average, Sum, check_reducible, dtype_name
 
@@ -142,7 +143,7 @@ def broadcast_async(tensor: np.ndarray, root_rank: int, name: str | None = None,
     rt = basics.runtime()
     full_name = _op_name("broadcast", name, rt, process_set)
     tensor = _check_array(tensor, "broadcast", full_name)
-    process_set._require_registered()
+    process_set.require_registered()
     if root_rank not in process_set.ranks:
         raise ValueError(f"broadcast {full_name}: root_rank {root_rank} is not a member of {process_set}")
     output = np.empty_like(tensor) if output is None else output
@@ -158,7 +159,7 @@ def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None
     rt = basics.runtime()
     full_name = _op_name("alltoall", name, rt, process_set)
     tensor = _check_array(tensor, "alltoall", full_name)
-    process_set._require_registered()
+    process_set.require_registered()
     n = len(process_set.ranks)
     if tensor.ndim == 0:
         raise ValueError(f"alltoall {full_name}: cannot scatter a rank-zero tensor; reshape it to [1]")
@@ -203,7 +204,7 @@ def reducescatter_async(tensor: np.ndarray, name: str | None = None, op: int = A
 
 def _reducescatter_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names: list[str], op: int,
                            prescale: float, postscale: float, process_set: ProcessSet, grouped: bool) -> Handle:
-    process_set._require_registered()
+    process_set.require_registered()
     n = len(process_set.ranks)
     me = process_set.ranks.index(rt.settings.topology.rank) if rt.settings.topology.rank in process_set.ranks else 0
 
@@ -213,7 +214,7 @@ def _reducescatter_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], na
         _check_reduce(op, dtype_name(tensor.dtype), f"reducescatter {name}")
         if tensor.ndim == 0:
             raise ValueError(f"reducescatter {name}: cannot scatter a rank-zero tensor; reshape it to [1]")
-        rows = tensor.shape[0] // n + (me < tensor.shape[0] % n)
+        rows = block_size(tensor.shape[0], n, me)
         output = np.empty((rows,) + tensor.shape[1:], tensor.dtype)
         return output, {"reduce_op": op, "prescale": float(prescale), "postscale": float(postscale)}
 

@@ -2,12 +2,16 @@
 
 A `ProcessSet` is a sorted list of global ranks plus the id the runtime gives it when it is
 registered (static sets at `init()`, dynamic ones with `add_process_set`). Root ranks passed to
-broadcast stay *global* ranks, as in Horovod.
+broadcast stay *global* ranks, as in Horovod. The global set (id 0) holds no ranks of its own:
+its members are those of the current round, which the runtime knows.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
+
+from horovod.common import runtime, wire
+from horovod.common.engine.messages import OpType
 
 
 class ProcessSet:
@@ -23,7 +27,8 @@ class ProcessSet:
             self.ranks = sorted(ranks)
         self.process_set_id: int | None = None
 
-    def _require_registered(self) -> None:
+    def require_registered(self) -> None:
+        """Raise a ValueError that says how to register this set, before any op is queued on it."""
         if self.process_set_id is None:
             raise ValueError(
                 f"{self} is not registered: pass it to hvd.init(process_sets=[...]) or call "
@@ -35,19 +40,15 @@ class ProcessSet:
 
     def rank(self) -> int | None:
         """This process's rank within the set (None if unregistered or not a member)."""
-        from horovod.common import basics
-
         if self.process_set_id is None:
             return None
-        me = basics.rank()
+        me = runtime.current().settings.topology.rank
         return self.ranks.index(me) if me in self.ranks else None
 
     def included(self) -> bool | None:
-        from horovod.common import basics
-
         if self.process_set_id is None:
             return None
-        return basics.rank() in self.ranks
+        return runtime.current().settings.topology.rank in self.ranks
 
     def __str__(self) -> str:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm={self.mpi_comm})"
@@ -55,19 +56,91 @@ class ProcessSet:
     __repr__ = __str__
 
 
-global_process_set = ProcessSet([])
-global_process_set.process_set_id = 0
+class GlobalProcessSet(ProcessSet):
+    """Every rank of the current round (id 0); empty outside `init()` ... `shutdown()`."""
+
+    def __init__(self) -> None:  # no ranks to keep: ProcessSet.__init__ would store some
+        self.mpi_comm = None
+        self.process_set_id: int | None = 0
+
+    @property  # type: ignore[override]
+    def ranks(self) -> list[int]:
+        rt = runtime.peek()
+        return rt.global_ranks if rt is not None else []
+
+
+global_process_set = GlobalProcessSet()
+
+
+class Exchanger(Protocol):
+    """What the agreement check needs of a transport: every rank's bytes, to every rank."""
+
+    size: int
+
+    def exchange(self, group: Sequence[int], payload: bytes) -> list[bytes]: ...
+
+
+def register_static(process_sets: Sequence[ProcessSet] | None, size: int) -> list[ProcessSet]:
+    """The global set, then those of `init(process_sets=...)` numbered from 1 in the order given."""
+    sets: list[ProcessSet] = [global_process_set]
+    seen = {tuple(range(size))}
+    for ps in process_sets or []:
+        if not isinstance(ps, ProcessSet):
+            raise ValueError(f"process_sets must be ProcessSet objects, got {ps!r}")
+        if ps.mpi_comm is not None:
+            raise NotImplementedError("process sets from MPI communicators need the MPI controller")
+        if tuple(ps.ranks) in seen:
+            raise ValueError(f"process set {ps.ranks} is given twice (or equals the global set)")
+        if not ps.ranks or ps.ranks[0] < 0 or ps.ranks[-1] >= size:
+            raise ValueError(f"process set ranks {ps.ranks} must be within 0..{size - 1}")
+        seen.add(tuple(ps.ranks))
+        ps.process_set_id = len(sets)
+        sets.append(ps)
+    return sets
+
+
+def check_static_sets_agree(transport: Exchanger, sets: list[ProcessSet]) -> None:
+    """Static sets must be identical everywhere; say which ranks differ instead of hanging later."""
+    mine = [tuple(ps.ranks) for ps in sets[1:]]
+    everyone = [wire.decode(p) for p in transport.exchange(list(range(transport.size)), wire.encode(mine))]
+    if any(theirs != mine for theirs in everyone):
+        detail = "; ".join(f"rank {r}: {sets_}" for r, sets_ in enumerate(everyone))
+        raise ValueError(f"Different ranks tried to set up mismatching process sets at init ({detail}). "
+                         "Pass the same process_sets= on every rank.")
 
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """Register a new set at run time. Every rank must call it (needs HOROVOD_DYNAMIC_PROCESS_SETS=1)."""
-    from horovod.common import basics
-
-    return basics.runtime().add_process_set(process_set)
+    rt = runtime.current()
+    if not rt.settings.dynamic_process_sets:
+        raise ValueError("adding process sets after init needs HOROVOD_DYNAMIC_PROCESS_SETS=1 "
+                         "(or hvd.init(process_sets='dynamic'))")
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.mpi_comm is not None:
+        raise NotImplementedError("process sets from MPI communicators need the MPI controller")
+    size = rt.settings.topology.size
+    if not ps.ranks or ps.ranks[0] < 0 or ps.ranks[-1] >= size:
+        raise ValueError(f"process set ranks {ps.ranks} must be within 0..{size - 1}")
+    for existing in rt.process_sets.values():
+        if existing.ranks == ps.ranks:
+            raise ValueError(f"a process set with ranks {ps.ranks} already exists "
+                             f"(id {existing.process_set_id})")
+    set_id = rt.negotiate(OpType.ADD_PROCESS_SET, f"process_set.add.{ps.ranks}", tuple(ps.ranks), -1)
+    ps.process_set_id = set_id
+    rt.process_sets[set_id] = ps
+    rt.name_counters.pop(set_id, None)  # ids are reused: a new set starts numbering afresh
+    return ps
 
 
 def remove_process_set(process_set: ProcessSet) -> bool:
     """Unregister a set on every rank (collective). The global set is never removed."""
-    from horovod.common import basics
-
-    return basics.runtime().remove_process_set(process_set)
+    rt = runtime.current()
+    if not rt.settings.dynamic_process_sets:
+        raise ValueError("removing process sets needs HOROVOD_DYNAMIC_PROCESS_SETS=1")
+    set_id = process_set.process_set_id
+    if set_id in (None, 0) or set_id not in rt.process_sets:
+        return False
+    removed = rt.negotiate(OpType.REMOVE_PROCESS_SET, f"process_set.remove.{set_id}", (), set_id)
+    del rt.process_sets[set_id]
+    process_set.process_set_id = None
+    return bool(removed)

@@ -21,10 +21,19 @@ try:  # bfloat16 has no numpy dtype of its own; ml_dtypes (shipped with JAX and 
 except ImportError:  # pragma: no cover - depends on the environment
     BFLOAT16 = None
 
-_NUMERIC = ["uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"]
-SUPPORTED_DTYPES: dict[str, np.dtype] = {name: np.dtype(name) for name in _NUMERIC + ["bool"]}
-if BFLOAT16 is not None:
-    SUPPORTED_DTYPES["bfloat16"] = BFLOAT16
+# Every dtype a collective moves, in the order error messages list them; each framework's bridge
+# maps these names onto its own dtypes.
+DTYPE_NAMES = ("uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "bool")
+SUPPORTED_DTYPES: dict[str, np.dtype] = {
+    name: BFLOAT16 if name == "bfloat16" else np.dtype(name)
+    for name in DTYPE_NAMES if name != "bfloat16" or BFLOAT16 is not None
+}
+
+
+def is_bfloat16(dtype: np.dtype) -> bool:
+    """True for ml_dtypes' bfloat16. Never `dtype == BFLOAT16` alone: without ml_dtypes BFLOAT16 is
+    None, and numpy reads `dtype == None` as `dtype == float64`."""
+    return BFLOAT16 is not None and dtype == BFLOAT16
 
 
 # Supported dtypes by dtype object: numpy's `dtype.name` takes microseconds, and every collective asks.

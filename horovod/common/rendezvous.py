@@ -5,8 +5,9 @@ polling) until the peers they need have published theirs. Every connection is au
 with the job secret (see `wire.handshake`); a stranger is logged and dropped while the job goes on.
 The launcher also reads worker failure reports and `horovod.run` results from here, and
 publishes what it knows that workers cannot see: which ranks have exited (`LOST`), so ranks still
-setting up fail at once naming them instead of waiting out the start timeout. Scopes and values:
-docs/internals.md.
+setting up fail at once naming them instead of waiting out the start timeout. The store also
+hands out round numbers (`horovod.common.rounds`): every `init()` joins a round, and what that
+generation of the job publishes is scoped by it. Scopes and values: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -15,19 +16,22 @@ import logging
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Collection
 
 from horovod.common import wire
+from horovod.common.rounds import RoundBook
 from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS
 
 log = logging.getLogger("horovod.rendezvous")
 
-_PUT, _GET, _DELETE, _KEYS = "put", "get", "delete", "keys"
+_PUT, _GET, _DELETE, _KEYS, _JOIN = "put", "get", "delete", "keys", "join"
 #: Scope where a worker registers (key: its rank) when it calls hvd.init(); the launcher times the
 #: start from the first registration (--start-timeout).
 JOINED = "joined"
 #: Scope where the launcher records ranks that are gone (key: rank; value: `encode_lost`).
 LOST = "lost"
+#: Scope of the planned rounds (key: the round number; value: the plan, see `RendezvousServer.open_round`).
+ROUNDS = "rounds"
 
 
 def encode_lost(order: int, host: str, what: str) -> bytes:
@@ -49,6 +53,7 @@ class RendezvousServer:
         self._host = host
         self._liveness = liveness_seconds
         self._data: dict[tuple[str, str], bytes] = {}
+        self._rounds = RoundBook()
         self._changed = threading.Condition()
         self._listener: socket.socket | None = None
         self._closed = False
@@ -91,6 +96,19 @@ class RendezvousServer:
         with self._changed:
             for item in [item for item in self._data if item[0] == scope]:
                 del self._data[item]
+
+    def join_round(self, member: str, size: int) -> int:
+        """The round a member of a fixed group of `size` joins now (`RoundBook.join`)."""
+        with self._changed:
+            return self._rounds.join(member, size)
+
+    def open_round(self, members: Collection[str], plan: bytes) -> int:
+        """Start a round of `members` a driver planned: its number, with `plan` (what each member
+        is to do; the store does not read it) published under `ROUNDS/<number>`."""
+        with self._changed:
+            number = self._rounds.open(members)
+            self.put(ROUNDS, str(number), plan)
+        return number
 
     def stop(self) -> None:
         with self._changed:
@@ -162,6 +180,9 @@ class RendezvousServer:
             if op == _KEYS:
                 (scope,) = args
                 return ("ok", self.keys(str(scope)))
+            if op == _JOIN:
+                member, size = args
+                return ("ok", self.join_round(str(member), int(size)))
         except (TypeError, ValueError) as exc:
             raise wire.WireError(f"malformed rendezvous request: {exc}") from None
         raise wire.WireError(f"unknown rendezvous operation {op!r}")
@@ -216,6 +237,10 @@ class RendezvousClient:
 
     def delete_scope(self, scope: str) -> None:
         self._call(_DELETE, scope)
+
+    def join_round(self, member: str, size: int) -> int:
+        """The round this member of a fixed group of `size` joins (the store decides)."""
+        return int(self._call(_JOIN, member, size))
 
     def first_lost(self) -> tuple[int, str, str] | None:
         """(rank, host, how it went) of the first rank the launcher saw go, or None."""

@@ -53,7 +53,7 @@ def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
 
 @dataclass(frozen=True)
 class Topology:
-    """Where this process sits in the job, as the launcher described it."""
+    """Where this process sits in the job: rank, size, and which ranks share its host."""
 
     rank: int = 0
     size: int = 1
@@ -66,7 +66,12 @@ class Topology:
 
 @dataclass(frozen=True)
 class Settings:
+    # From `from_env`: the slot as the launcher's HOROVOD_* variables describe it (what the `env`
+    # bootstrap uses). In the runtime's settings: the slot the bootstrap assigned for this round.
     topology: Topology = field(default_factory=Topology)
+    # Who assigns this process its slot (`horovod.common.bootstrap`): "env", our launcher's
+    # variables; "store", the round plan the launcher side publishes in the rendezvous store.
+    bootstrap: str = "env"
     rendezvous_addr: str | None = None
     rendezvous_port: int | None = None
     secret_key: bytes | None = None
@@ -117,6 +122,7 @@ class Settings:
 
         return cls(
             topology=topology,
+            bootstrap=(env.get("HOROVOD_BOOTSTRAP") or "env").strip().lower(),
             rendezvous_addr=env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR") or None,
             rendezvous_port=int(port) if port else None,
             secret_key=bytes.fromhex(key_hex) if key_hex else None,

@@ -83,7 +83,8 @@ def run(
     """
     # Imported here so that `python -m horovod.runner.launch` does not find launch half-imported.
     from horovod.runner import launch
-    from horovod.runner.job import Job, format_result
+    from horovod.runner.job import Job
+    from horovod.runner.report import format_result
 
     num_proc = _deprecated("np", "num_proc", np, num_proc)
     min_num_proc = _deprecated("min_np", "min_num_proc", min_np, min_num_proc)

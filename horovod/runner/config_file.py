@@ -75,6 +75,11 @@ CONFIG_DESTS: frozenset[str] = frozenset(
 )
 
 
+def key_of(dest: str) -> str | None:
+    """The `section.key` of the file that sets argparse `dest`, or None when the file cannot."""
+    return next((f"{section}.{key}" for (section, key), (d, _, _) in _KEYS.items() if d == dest), None)
+
+
 def load(path: str) -> dict[str, Any]:
     """Read the YAML file; an empty file is an empty configuration."""
     with open(path, encoding="utf-8") as f:

@@ -9,7 +9,8 @@ first failure at the very end of the output, with the exception the rank recorde
 It also enforces the start timeout: once one rank has called hvd.init(), every rank must within
 `start_timeout` seconds, or the job stops naming those that did not. A signal to the launcher
 (Ctrl-C, SIGTERM, SIGHUP) stops every worker before the launcher exits, so no process outlives
-the job.
+the job. How a worker is started, watched and stopped is not decided here: each host's launcher
+comes by name from `horovod.runner.launchers`, and the policy sees workers only as `WorkerProcess`.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from typing import Iterator, Mapping, Sequence
 from horovod.common import wire
 from horovod.common.rendezvous import JOINED, LOST, RendezvousServer, encode_lost
 from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS
-from horovod.runner import local_launcher, network
+from horovod.runner import launchers, network
 from horovod.runner.hosts import SlotInfo
-from horovod.runner.local_launcher import OutputOptions, Worker
+from horovod.runner.launchers import SECRET_KEY_ENV, LaunchContext, Launcher, OutputOptions, WorkerProcess
+from horovod.runner.report import JobResult, WorkerFailure, exit_status, how_it_went
 
-SECRET_KEY_ENV = "_HOROVOD_SECRET_KEY"
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _OUTPUT_DRAIN_SECONDS = 5.0
 # How often the launcher looks at the store while it waits for workers (start timeout).
@@ -75,87 +76,6 @@ def worker_env(
     return env
 
 
-def describe_returncode(returncode: int) -> str:
-    if returncode < 0:
-        try:
-            return f"killed by signal {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exit code {returncode}"
-
-
-def how_it_went(returncode: int) -> str:
-    """A worker's end as the other ranks are told it: 'exited with exit code 3', 'was killed by ...'."""
-    return f"was {describe_returncode(returncode)}" if returncode < 0 else f"exited with {describe_returncode(returncode)}"
-
-
-def exit_status(returncode: int) -> int:
-    """The launcher's own exit status for a worker's return code (128+N for signal N, as shells do)."""
-    return returncode if returncode > 0 else 128 - returncode
-
-
-@dataclass(frozen=True)
-class WorkerFailure:
-    """The first worker that exited non-zero, with what we know about why."""
-
-    rank: int
-    hostname: str
-    local_rank: int
-    returncode: int
-    stderr_tail: tuple[str, ...] = ()
-    reported_exception: str | None = None
-    other_reporting_ranks: tuple[int, ...] = ()
-    reason: str | None = None  # why the launcher stopped it, when it did not fail by itself
-
-
-@dataclass(frozen=True)
-class JobResult:
-    exit_code: int
-    failure: WorkerFailure | None = None
-    signal_received: int | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0
-
-
-def format_failure(failure: WorkerFailure) -> str:
-    """The summary printed last, so the cause is the first thing a user sees when scrolling up."""
-    lines = [
-        "Horovod detected that one or more processes exited with non-zero status, so the job "
-        "was stopped. The first process to fail was:",
-        f"    rank {failure.rank} on host {failure.hostname} (local rank {failure.local_rank}): "
-        f"{failure.reason or describe_returncode(failure.returncode)}",
-    ]
-    if failure.reported_exception:
-        lines.append(f"Root cause, the exception rank {failure.rank} reported:")
-        lines += ["    " + line for line in failure.reported_exception.rstrip().splitlines()]
-    tail = failure.stderr_tail
-    if failure.reported_exception:
-        reported = {line.strip() for line in failure.reported_exception.splitlines()}
-        if all(line.strip() in reported for line in tail):
-            tail = ()  # the stderr tail is only the traceback already shown
-    if tail:
-        lines.append(f"Last {len(tail)} lines of rank {failure.rank}'s stderr:")
-        lines += ["    " + line for line in tail]
-    elif not failure.reported_exception:
-        lines.append(f"Rank {failure.rank} wrote nothing to stderr.")
-    if failure.other_reporting_ranks:
-        ranks = ", ".join(str(rank) for rank in failure.other_reporting_ranks)
-        lines.append(f"Other ranks that reported an exception: {ranks}.")
-    return "\n".join(lines)
-
-
-def format_result(result: JobResult) -> str | None:
-    """What the launcher prints at the end of a job that did not succeed (None when it did)."""
-    if result.failure is not None:
-        return format_failure(result.failure)
-    if result.signal_received is not None:
-        name = signal.Signals(result.signal_received).name
-        return f"horovodrun received {name}; all worker processes were stopped."
-    return None
-
-
 @dataclass(frozen=True)
 class JobSpec:
     """Everything needed to start the workers of a job."""
@@ -192,6 +112,12 @@ class Job:
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._local = {slot.hostname: network.is_local_host(slot.hostname) for slot in spec.slots}
         self._secret = wire.new_secret_key()
+        self._launch_context = LaunchContext(
+            command=spec.command, secret_hex=self._secret.hex(), cwd=os.getcwd(),
+            launcher_env=self._base_env, output=spec.output, start_timeout=spec.start_timeout,
+            ssh_port=spec.ssh_port, ssh_identity_file=spec.ssh_identity_file,
+        )
+        self._launchers: dict[str, Launcher] = {}  # by launcher name, built on first use
         self.store: RendezvousServer | None = None
         self.address = ""
         self.port = 0
@@ -221,19 +147,12 @@ class Job:
             self.store.stop()
 
     # -- workers -----------------------------------------------------------------------------
-    def _start(self, slot: SlotInfo) -> Worker:
+    def _start(self, slot: SlotInfo) -> WorkerProcess:
         env = worker_env(self._base_env, self.spec.extra_env, slot, self.address, self.port)
-        cwd = os.getcwd()
-        if self._local[slot.hostname]:
-            env[SECRET_KEY_ENV] = self._secret.hex()
-            return Worker(slot, self.spec.command, env, cwd=cwd, output=self.spec.output)
-        argv = local_launcher.ssh_argv(
-            slot.hostname, self.spec.command, env, cwd,
-            port=self.spec.ssh_port, identity_file=self.spec.ssh_identity_file,
-            connect_timeout=self.spec.start_timeout,
-        )
-        return Worker(slot, argv, self._base_env, stdin_data=(self._secret.hex() + "\n").encode(),
-                      output=self.spec.output)
+        name = launchers.default_name(slot.hostname)
+        if name not in self._launchers:
+            self._launchers[name] = launchers.create(name, self._launch_context)
+        return self._launchers[name].start(slot, env)
 
     def _say(self, message: str) -> None:
         if self.spec.verbose:
@@ -242,9 +161,9 @@ class Job:
     def run(self) -> JobResult:
         """Start every worker, wait for all of them or for the first failure, and clean up."""
         assert self.store is not None, "use the job as a context manager"
-        workers: list[Worker] = []
-        exits: queue.Queue[tuple[Worker, int]] = queue.Queue()
-        failure: tuple[Worker, str | None] | None = None  # the first to fail, and why we stopped it
+        workers: list[WorkerProcess] = []
+        exits: queue.Queue[tuple[WorkerProcess, int]] = queue.Queue()
+        failure: tuple[WorkerProcess, str | None] | None = None  # the first to fail, and why we stopped it
         self._say(f"rendezvous store at {self.address}:{self.port}; command: {' '.join(self.spec.command)}")
         finished = False  # every worker exited 0: nothing to stop
         with self._signal_handlers():
@@ -289,7 +208,7 @@ class Job:
                 if not finished:
                     self._say("stopping the remaining workers")
                 # Also after a success: whatever a worker left running in its process group goes too.
-                local_launcher.terminate(workers, self.spec.grace_seconds)
+                launchers.stop_all(workers, self.spec.grace_seconds)
                 deadline = time.monotonic() + _OUTPUT_DRAIN_SECONDS
                 for worker in workers:
                     worker.join_output(max(0.0, deadline - time.monotonic()))
@@ -301,7 +220,8 @@ class Job:
             return JobResult(128 + self._signum, None, self._signum)
         return JobResult(0)
 
-    def _next_exit(self, exits: "queue.Queue[tuple[Worker, int]]", timeout: float) -> tuple[Worker, int] | None:
+    def _next_exit(self, exits: "queue.Queue[tuple[WorkerProcess, int]]",
+                   timeout: float) -> tuple[WorkerProcess, int] | None:
         """The next worker to exit within `timeout` seconds, or None; a signal interrupts the wait."""
         self._raise_on_signal = True  # set before the check: no signal slips between
         try:
@@ -313,7 +233,7 @@ class Job:
         finally:
             self._raise_on_signal = False
 
-    def _record_exit(self, worker: Worker, returncode: int) -> None:
+    def _record_exit(self, worker: WorkerProcess, returncode: int) -> None:
         """Tell ranks still setting up that this one is gone, so they stop waiting for it."""
         self._lost(worker.slot, how_it_went(returncode))
 
@@ -323,8 +243,8 @@ class Job:
             order = len(self.store.keys(LOST))
             self.store.put(LOST, str(slot.rank), encode_lost(order, slot.hostname, what))
 
-    def _check_start(self, workers: Sequence[Worker], first_join: float | None
-                     ) -> tuple[float | None, tuple[Worker, str] | None]:
+    def _check_start(self, workers: Sequence[WorkerProcess], first_join: float | None
+                     ) -> tuple[float | None, tuple[WorkerProcess, str] | None]:
         """The start timeout: once a rank has called hvd.init(), all must within `start_timeout`."""
         assert self.store is not None
         joined = {int(key) for key in self.store.keys(JOINED) if key.isdigit()}
@@ -344,7 +264,7 @@ class Job:
         self._say(f"ranks {ranks} did not join in time; stopping the job")
         return first_join, (missing[0], f"{what}; it was stopped")
 
-    def _describe(self, worker: Worker, returncode: int) -> WorkerFailure:
+    def _describe(self, worker: WorkerProcess, returncode: int) -> WorkerFailure:
         assert self.store is not None
         rank = worker.slot.rank
         report = self.store.get("failures", str(rank))

@@ -8,17 +8,17 @@ import tensorflow as tf
 
 from horovod.common import ops as core
 from horovod.common.process_sets import ProcessSet, global_process_set
-from horovod.tensorflow.mpi_ops import _broadcast_values, _no_autograph
+from horovod.tensorflow._bridge import broadcast_values, no_autograph
 
 
-@_no_autograph
+@no_autograph
 def broadcast_variables(variables: Sequence[Any], root_rank: int, process_set: ProcessSet = global_process_set,
                         inplace: bool = False) -> Any:
     """Overwrite every variable with its value on the global rank `root_rank`, all in one round
     (eager, or as part of a traced graph). Returns the grouped assignments in a TF1 graph,
     None otherwise. `inplace` is accepted for compatibility (assignment is always in place)."""
     variables = list(variables)
-    values = _broadcast_values(variables, root_rank, "broadcast_variables", process_set)
+    values = broadcast_values(variables, root_rank, "broadcast_variables", process_set)
     assigns = [var.assign(value) for var, value in zip(variables, values)]
     if tf.executing_eagerly() or tf.inside_function():
         return None

@@ -13,10 +13,11 @@ from horovod.common.gradients import GradientReducer, Plan
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Average
 from horovod.tensorflow.compression import Compression, Compressor
-from horovod.tensorflow.mpi_ops import _allgather_job, _Job, _no_autograph, _run, _set_size, _sparse_op_check
+from horovod.common.collective_rules import sparse_values_factor
+from horovod.tensorflow._bridge import Job, allgather_job, check_sparse_op, no_autograph, run, set_size
 
 
-@_no_autograph
+@no_autograph
 def allreduce_gradients(reducer: GradientReducer, grads: Sequence[Any], variables: Sequence[Any],
                         sparse_as_dense: bool = False) -> list[Any]:
     """`grads` (tensors, IndexedSlices or None) reduced across ranks as `reducer` says, in one
@@ -41,22 +42,22 @@ def _transport(reducer: GradientReducer, tensors: list[Any], plan: Plan) -> list
     if dense:
         dense_plan = plan.restricted(dense)
         inputs = [tensors[k] for k in dense]
-        jobs.append(_Job(inputs, [t.dtype for t in inputs], [t.shape for t in inputs],
+        jobs.append(Job(inputs, [t.dtype for t in inputs], [t.shape for t in inputs],
                          lambda arrays: reducer.submit(arrays, dense_plan)))
     if sparse:
-        _sparse_op_check(reducer.op)
+        check_sparse_op(reducer.op)
     for k in sparse:
         for part in ("values", "indices"):
-            jobs.append(_allgather_job([getattr(tensors[k], part)], f"{plan.names[k]}.{part}", reducer.process_set,
+            jobs.append(allgather_job([getattr(tensors[k], part)], f"{plan.names[k]}.{part}", reducer.process_set,
                                        grouped=False))
-    results = iter(_run(jobs, "HorovodAllreduceGradients"))
+    results = iter(run(jobs, "HorovodAllreduceGradients"))
     out: list[Any] = [None] * len(tensors)
     if dense:
         for k, reduced in zip(dense, next(results)):
             out[k] = reduced
     factor = reducer.prescale * reducer.postscale
-    if reducer.op == Average and sparse:
-        factor /= _set_size(reducer.process_set)
+    if sparse:
+        factor = sparse_values_factor(reducer.op, factor, set_size(reducer.process_set))
     for k in sparse:
         (values,), (indices,) = next(results), next(results)
         out[k] = _scale(tf.IndexedSlices(values, indices, tensors[k].dense_shape), factor) if factor != 1 else \
@@ -95,7 +96,7 @@ class DistributedGradientTape(tf.GradientTape):
         """Keep the gradient of `source` (a variable) on this rank: it is not allreduced."""
         self._reducer.register_local_source(source)
 
-    @_no_autograph
+    @no_autograph
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: tf.UnconnectedGradients = tf.UnconnectedGradients.NONE) -> Any:
         grads = self._tape_wrapped.gradient(target, sources, output_gradients, unconnected_gradients)
@@ -103,7 +104,7 @@ class DistributedGradientTape(tf.GradientTape):
                                    self._sparse_as_dense)
         return tf.nest.pack_sequence_as(grads, flat)
 
-    @_no_autograph
+    @no_autograph
     def get_local_and_global_gradients(self, target: Any, sources: Any, **kwargs: Any) -> tuple[list, list]:
         """(local gradients, global gradients) of `sources`, split by `register_local_source`."""
         grads = self.gradient(target, sources, **kwargs)

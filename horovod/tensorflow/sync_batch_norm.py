@@ -9,7 +9,8 @@ import tensorflow as tf
 
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Sum
-from horovod.tensorflow.mpi_ops import _grouped_allreduce, _set_size
+from horovod.tensorflow._bridge import set_size
+from horovod.tensorflow.mpi_ops import grouped_allreduce
 
 
 @keras.saving.register_keras_serializable(package="horovod")
@@ -29,7 +30,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         self.process_set = process_set
 
     def _moments(self, inputs: Any, mask: Any) -> tuple[Any, Any]:
-        if _set_size(self.process_set) == 1:
+        if set_size(self.process_set) == 1:
             return super()._moments(inputs, mask)
         x = tf.convert_to_tensor(inputs)
         axes = list(self._reduction_axes)
@@ -40,6 +41,6 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         count = tf.reduce_sum(weights, axes)
         total = tf.reduce_sum(x * weights, axes)
         squares = tf.reduce_sum(tf.square(x) * weights, axes)
-        count, total, squares = _grouped_allreduce([count, total, squares], op=Sum, process_set=self.process_set)
+        count, total, squares = grouped_allreduce([count, total, squares], op=Sum, process_set=self.process_set)
         mean = total / count
         return mean, tf.maximum(squares / count - tf.square(mean), 0.0)

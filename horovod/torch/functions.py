@@ -9,7 +9,7 @@ import torch
 
 from horovod.common import basics, ops
 from horovod.common.process_sets import ProcessSet, global_process_set
-from horovod.torch.mpi_ops import _Pending, _start
+from horovod.torch._bridge import Pending, start
 
 __all__ = ["allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters"]
 
@@ -26,14 +26,14 @@ def _named_tensors(params: Any) -> list[tuple[str | None, torch.Tensor]]:
 def _broadcast_in_place(tensors: list[tuple[str | None, torch.Tensor]], root_rank: int,
                         process_set: ProcessSet) -> None:
     """Overwrite every tensor with the root's: all broadcasts in flight at once, then wait."""
-    pending: list[tuple[_Pending, torch.Tensor, torch.Tensor]] = []
+    pending: list[tuple[Pending, torch.Tensor, torch.Tensor]] = []
     for name, tensor in tensors:
         if not isinstance(tensor, torch.Tensor):
             raise ValueError(f"broadcast_parameters: {name or 'an entry'} is a {type(tensor).__name__}, not a "
                              "tensor; broadcast other values with broadcast_object")
         with torch.no_grad():
             staged = tensor if tensor.is_contiguous() else tensor.contiguous()
-            pending.append((_start("broadcast", [staged], inplace=True, root_rank=root_rank, name=name,
+            pending.append((start("broadcast", [staged], inplace=True, root_rank=root_rank, name=name,
                                    process_set=process_set), staged, tensor))
     for handle, staged, tensor in pending:
         handle.wait()

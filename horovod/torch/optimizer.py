@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-import os
 import weakref
 from typing import Any, Callable, Iterator, Sequence
 
@@ -34,8 +33,10 @@ from horovod.common import basics
 from horovod.common.gradients import GradientReducer
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Adasum, Average
+from horovod.common.settings import Settings
 from horovod.torch.compression import Compression, Compressor
-from horovod.torch.mpi_ops import _Pending, _start, sparse_allreduce_async
+from horovod.torch._bridge import Pending, start
+from horovod.torch.mpi_ops import sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
 
@@ -66,12 +67,12 @@ class _DistributedOptimizer:
         self._buckets = _make_buckets(params, reducer, self._names)
         self._bucket_of = {p: b for b in self._buckets for p in b.params}
         self._passes_left = dict.fromkeys(params, backward_passes_per_step)
-        self._inflight: list[tuple[_Pending | Callable[[], torch.Tensor], list[tuple]]] = []
+        self._inflight: list[tuple[Pending | Callable[[], torch.Tensor], list[tuple]]] = []
         self._launched: set[int] = set()  # ids of buckets whose allreduce started this step
         self._synchronized = False
         self._should_synchronize = True
         process_set = reducer.process_set
-        self._active = bool(process_set.included()) and (basics.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1")
+        self._active = bool(process_set.included()) and (basics.size() > 1 or Settings.from_env().elastic)
         if self._active:
             self._register_hooks(params)
 
@@ -139,7 +140,7 @@ class _DistributedOptimizer:
             dense.append((p, grad, sent, ctx))
         if not dense:
             return
-        pending = _start("allreduce", [sent for _, _, sent, _ in dense], grouped=len(dense) > 1, inplace=True,
+        pending = start("allreduce", [sent for _, _, sent, _ in dense], grouped=len(dense) > 1, inplace=True,
                          name=bucket.name, op=reducer.op, prescale_factor=reducer.prescale,
                          postscale_factor=reducer.postscale, process_set=reducer.process_set)
         self._inflight.append((pending, dense))
@@ -157,7 +158,7 @@ class _DistributedOptimizer:
                 if id(bucket) not in self._launched:
                     self._launch(bucket)
             for pending, items in self._inflight:
-                if isinstance(pending, _Pending):
+                if isinstance(pending, Pending):
                     pending.wait()
                     for p, grad, sent, ctx in items:
                         if sent is not grad:

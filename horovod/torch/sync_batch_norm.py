@@ -16,7 +16,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from horovod.common import basics
 from horovod.common.reduce_ops import Sum
-from horovod.torch.mpi_ops import _run
+from horovod.torch._bridge import run
 
 __all__ = ["SyncBatchNorm"]
 
@@ -65,7 +65,7 @@ class _SyncBatchNormFn(torch.autograd.Function):
             local = torch.cat([xs.new_tensor([count]), xs.mean(reduce_dims), xs.var(reduce_dims, unbiased=False)])
         else:
             local = xs.new_zeros(2 * channels + 1)
-        stats = _run("allgather", [local.unsqueeze(0)], name="sync_batch_norm.stats")
+        stats = run("allgather", [local.unsqueeze(0)], name="sync_batch_norm.stats")
         counts, means, variances = stats[:, :1], stats[:, 1:channels + 1], stats[:, channels + 1:]
         total = float(counts.sum())
         if total <= 1:
@@ -99,7 +99,7 @@ class _SyncBatchNormFn(torch.autograd.Function):
         grad_weight = sum_dy_xhat.to(weight.dtype) if weight is not None else None
         grad_bias = sum_dy.to(weight.dtype if weight is not None else dy.dtype) if ctx.has_bias else None
         sums = torch.cat([sum_dy, sum_dy_xhat]).contiguous()
-        sums = _run("allreduce", [sums], inplace=True, name="sync_batch_norm.grads", op=Sum)
+        sums = run("allreduce", [sums], inplace=True, name="sync_batch_norm.grads", op=Sum)
         channels = sum_dy.numel()
         mean_dy = _channel_view(sums[:channels] / ctx.total, dims)
         mean_dy_xhat = _channel_view(sums[channels:] / ctx.total, dims)

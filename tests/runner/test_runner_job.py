@@ -18,8 +18,9 @@ import pytest
 
 from horovod.runner import network
 from horovod.runner.hosts import SlotInfo
-from horovod.runner.job import WorkerFailure, describe_returncode, exit_status, format_failure, worker_env
-from horovod.runner.local_launcher import ssh_argv
+from horovod.runner.job import worker_env
+from horovod.runner.report import WorkerFailure, describe_returncode, exit_status, format_failure
+from horovod.runner.launchers.ssh import ssh_argv
 from runner_helpers import child_env, horovodrun
 
 pytestmark = pytest.mark.timeout(20)

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from horovod.runner.local_launcher import rank_output_dir
+from horovod.runner.launchers.process import rank_output_dir
 from runner_helpers import child_env, horovodrun, horovodrun_argv, process_alive
 
 pytestmark = pytest.mark.timeout(20)

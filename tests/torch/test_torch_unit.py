@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import horovod.torch as hvd  # noqa: E402
-from horovod.torch import mpi_ops  # noqa: E402
+from horovod.torch import _bridge  # noqa: E402
 from horovod.torch.optimizer import _make_buckets  # noqa: E402
 
 
@@ -36,15 +36,15 @@ ALL_DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, to
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_cpu_tensors_are_shared_not_copied(dtype):
     t = torch.zeros(2, 3, dtype=dtype)
-    array = mpi_ops._host(t, "allreduce", "x")
+    array = _bridge.host_array(t, "allreduce", "x")
     assert array.__array_interface__["data"][0] == t.data_ptr()
-    back = mpi_ops._tensor(array, t.device)
+    back = _bridge.to_tensor(array, t.device)
     assert back.dtype == dtype and back.data_ptr() == t.data_ptr()
 
 
 def test_bfloat16_values_survive_the_numpy_view():
     t = torch.tensor([1.5, -2.25, 3e38], dtype=torch.bfloat16)
-    assert torch.equal(mpi_ops._tensor(mpi_ops._host(t, "allreduce", None).copy(), t.device), t)
+    assert torch.equal(_bridge.to_tensor(_bridge.host_array(t, "allreduce", None).copy(), t.device), t)
 
 
 @pytest.mark.parametrize("dtype", [torch.complex64, torch.uint16, torch.float8_e4m3fn])
@@ -275,8 +275,8 @@ def test_skip_synchronize_and_explicit_synchronize(hooks_at_size_one, monkeypatc
     from horovod.torch import optimizer as optimizer_module
 
     launches = []
-    real_start = optimizer_module._start
-    monkeypatch.setattr(optimizer_module, "_start", lambda *a, **k: launches.append(1) or real_start(*a, **k))
+    real_start = optimizer_module.start
+    monkeypatch.setattr(optimizer_module, "start", lambda *a, **k: launches.append(1) or real_start(*a, **k))
     model = make_model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
     model(torch.randn(2, 4)).sum().backward()

@@ -1,39 +1,27 @@
-"""Worker processes as the launcher sees them: start, forward output, signal, reap. No policy.
+"""A worker that is a process of this machine: start it, forward its output, signal it, reap it.
 
-What to do when a worker fails lives in `horovod.runner.job`; this module only offers the
-mechanics, the way torch.distributed.elastic keeps its process handling apart from its restart
-policy. Each worker runs in its own session (so its own process group): a signal to the group
-reaches whatever the worker started too, and a Ctrl-C typed at the terminal reaches only the
-launcher, which then stops the workers in order.
+Both the local and the ssh launcher end in one of these (for ssh, the process is the ssh client
+that runs the remote worker). No policy here: see `horovod.runner.launchers.base`. Each worker
+runs in its own session (so its own process group): a signal to the group reaches whatever the
+worker started too, and a Ctrl-C typed at the terminal reaches only the launcher, which then
+stops the workers in order.
 """
 
 from __future__ import annotations
 
 import collections
-import math
 import os
-import shlex
-import signal
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import IO, Mapping, Sequence
 
 from horovod.runner.hosts import SlotInfo
+from horovod.runner.launchers.base import OutputOptions
 
 # One lock for both consoles, so lines of different ranks never interleave mid-line.
 _console_lock = threading.Lock()
-
-
-@dataclass(frozen=True)
-class OutputOptions:
-    """How worker output is shown: `--prefix-output-with-timestamp` and `--output-filename`."""
-
-    prefix_timestamp: bool = False
-    output_dir: str | None = None
-    tail_lines: int = 20
 
 
 def rank_output_dir(output_dir: str, rank: int, size: int) -> str:
@@ -41,38 +29,11 @@ def rank_output_dir(output_dir: str, rank: int, size: int) -> str:
     return os.path.join(output_dir, f"rank.{rank:0{len(str(size - 1))}d}")
 
 
-def ssh_argv(
-    host: str,
-    command: Sequence[str],
-    env: Mapping[str, str],
-    cwd: str,
-    port: int | None = None,
-    identity_file: str | None = None,
-    connect_timeout: float | None = None,
-) -> list[str]:
-    """The ssh command that runs `command` on `host` with `env`.
+class ProcessWorker:
+    """One launched process (a local worker, or the ssh client of a remote one) and its output.
 
-    The job secret is never part of it: the remote shell reads it from stdin (see `Worker`).
-    `connect_timeout` (the job's start timeout) bounds how long ssh tries to reach the host.
+    Implements `horovod.runner.launchers.base.WorkerProcess`.
     """
-    options = ["-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=no"]
-    if connect_timeout is not None:
-        options += ["-o", f"ConnectTimeout={max(1, math.ceil(connect_timeout))}"]
-    if port is not None:
-        options += ["-p", str(port)]
-    if identity_file is not None:
-        options += ["-i", identity_file]
-    assignments = " ".join(shlex.quote(f"{name}={value}") for name, value in env.items())
-    remote = (
-        f"cd {shlex.quote(cwd)} >/dev/null 2>&1; "
-        "IFS= read -r _HOROVOD_SECRET_KEY; export _HOROVOD_SECRET_KEY; "
-        f"exec env {assignments} {shlex.join(command)}"
-    )
-    return ["ssh", *options, host, remote]
-
-
-class Worker:
-    """One launched process (a local worker, or the ssh client of a remote one) and its output."""
 
     def __init__(
         self,
@@ -113,17 +74,16 @@ class Worker:
             pump.start()
 
     @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    @property
     def returncode(self) -> int | None:
         return self.proc.returncode
 
-    def wait(self) -> int:
-        return self.proc.wait()
+    def wait(self, timeout: float | None = None) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
-    def signal_group(self, signum: int) -> None:
+    def signal(self, signum: int) -> None:
         """Signal the worker's whole process group (it may be gone already; that is fine)."""
         try:
             os.killpg(self.proc.pid, signum)
@@ -173,19 +133,3 @@ class Worker:
             if file is not None:
                 file.close()
 
-
-def terminate(workers: Sequence[Worker], grace_seconds: float = 5.0) -> None:
-    """SIGTERM every worker's group, then SIGKILL what is left after `grace_seconds`."""
-    for worker in workers:
-        worker.signal_group(signal.SIGTERM)
-    deadline = time.monotonic() + grace_seconds
-    for worker in workers:
-        try:
-            worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    for worker in workers:
-        # Also reaches children a worker left behind after it exited itself.
-        worker.signal_group(signal.SIGKILL)
-    for worker in workers:
-        worker.proc.wait()

@@ -1,0 +1,46 @@
+"""The bootstrap seam: who this process is in the current round of the job.
+
+`init()` asks a bootstrap, and only a bootstrap, for this process's slot (rank, size, which ranks
+share its host), the store the round meets in and the round's number. Everything the runtime does
+afterwards (the transport, process sets, the collectives' checks) follows from that answer, so a
+new way of starting workers (an elastic driver, MPI) is one more bootstrap, not a change to `init()`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from horovod.common.rendezvous import RendezvousClient
+from horovod.common.settings import Settings, Topology
+
+
+@dataclass(frozen=True)
+class Membership:
+    """This process's place in one round of the job."""
+
+    topology: Topology
+    rendezvous: RendezvousClient | None  # the round's store; None for a job of one rank
+    round: int  # the store's round number: scopes everything this generation publishes there
+
+    def close(self) -> None:
+        if self.rendezvous is not None:
+            self.rendezvous.close()
+
+
+class Bootstrap(Protocol):
+    """Answers `init()`'s question: which slot, which store, which round."""
+
+    def join(self, settings: Settings, previous_round: int) -> Membership:
+        """Join the job's current round. `previous_round` is the last round this process took
+        part in (0: none), so a survivor that re-initialises never lands in a round that is over."""
+        ...
+
+
+def connect_store(settings: Settings, why_needed: str) -> RendezvousClient:
+    """A connection to the launcher's store; ValueError saying `why_needed` when none is configured."""
+    if settings.rendezvous_addr is None or settings.rendezvous_port is None or not settings.secret_key:
+        raise ValueError(f"{why_needed}; start the job with horovodrun (or horovod.run), which sets "
+                         "HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT")
+    return RendezvousClient(settings.rendezvous_addr, settings.rendezvous_port, settings.secret_key,
+                            settings.start_timeout, settings.failure_detection_seconds)

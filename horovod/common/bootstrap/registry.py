@@ -1,0 +1,31 @@
+"""Bootstraps by name (`HOROVOD_BOOTSTRAP`, `Settings.bootstrap`), imported only when chosen.
+
+The table holds `module:class` strings, so a bootstrap module never imports this registry and
+adding one (MPI) is one line here.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from horovod.common.bootstrap.base import Bootstrap, Membership
+from horovod.common.settings import Settings
+
+_FACTORIES: dict[str, str] = {
+    "env": "horovod.common.bootstrap.env:EnvBootstrap",
+    "store": "horovod.common.bootstrap.store:StoreBootstrap",
+}
+
+
+def create(name: str) -> Bootstrap:
+    """The bootstrap called `name`; ValueError listing the choices when there is none."""
+    if name not in _FACTORIES:
+        raise ValueError(f"HOROVOD_BOOTSTRAP={name!r} is not a bootstrap; "
+                         f"choose one of: {', '.join(sorted(_FACTORIES))}")
+    module, _, cls = _FACTORIES[name].partition(":")
+    return getattr(importlib.import_module(module), cls)()
+
+
+def join(settings: Settings, previous_round: int) -> Membership:
+    """This process's membership in the current round, from the bootstrap `settings` name."""
+    return create(settings.bootstrap).join(settings, previous_round)

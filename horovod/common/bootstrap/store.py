@@ -1,0 +1,73 @@
+"""The bootstrap of a worker whose slot a driver assigns, round by round, through the store.
+
+A driver (the elastic driver, or a test harness) decides who takes part in a round and with which
+slot, and publishes that plan with `publish_round`; the store numbers the round. A worker knows
+only its own id (`worker_id`: host and local slot, as Horovod's elastic driver names workers):
+it waits for the newest round since the one it last took part in, and takes its slot from the plan.
+A worker the plan leaves out waits for the next round. This is the base elastic training builds on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Mapping
+
+from horovod.common import wire
+from horovod.common.bootstrap.base import Membership, connect_store
+from horovod.common.rendezvous import JOINED, ROUNDS, RendezvousClient, RendezvousServer
+from horovod.common.rounds import newest_round
+from horovod.common.settings import Settings, Topology
+
+
+def worker_id(topology: Topology) -> str:
+    """The id a driver knows this worker by: `<HOROVOD_HOSTNAME>:<HOROVOD_LOCAL_RANK>`."""
+    return f"{topology.hostname}:{topology.local_rank}"
+
+
+def encode_plan(assignment: Mapping[str, Topology]) -> bytes:
+    return wire.encode({worker: dataclasses.astuple(slot) for worker, slot in assignment.items()})
+
+
+def decode_plan(raw: bytes) -> dict[str, Topology]:
+    return {str(worker): Topology(*fields) for worker, fields in wire.decode(raw).items()}
+
+
+def publish_round(server: RendezvousServer, assignment: Mapping[str, Topology]) -> int:
+    """Driver side: start a round in which each worker id takes its slot; returns its number."""
+    return server.open_round(list(assignment), encode_plan(assignment))
+
+
+class StoreBootstrap:
+    """The slot the newest planned round gives this worker."""
+
+    def join(self, settings: Settings, previous_round: int) -> Membership:
+        store = connect_store(settings, "HOROVOD_BOOTSTRAP=store needs the rendezvous store the driver serves")
+        try:
+            number, topology = _wait_for_slot(store, worker_id(settings.topology), previous_round,
+                                              settings.start_timeout)
+            store.put(JOINED, str(topology.rank), b"")
+        except BaseException:
+            store.close()
+            raise
+        return Membership(topology, store, number)
+
+
+def _wait_for_slot(store: RendezvousClient, me: str, after: int, timeout: float) -> tuple[int, Topology]:
+    """The first round newer than `after` whose plan includes `me`, waiting up to `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        number = newest_round((int(key) for key in store.keys(ROUNDS)), after)
+        if number is not None:
+            plan = decode_plan(store.get(ROUNDS, str(number), 0.0))
+            if me in plan:
+                return number, plan[me]
+            after = number  # left out of this one: only a later round can take us
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"worker {me} found no round after round {after} that includes it "
+                               f"within {timeout:g} s")
+        try:
+            store.get(ROUNDS, str(after + 1), remaining)  # the store answers as soon as it is published
+        except TimeoutError:
+            pass  # the loop above says so, naming the worker

@@ -1,0 +1,59 @@
+"""The ssh launcher: a worker on another host runs under an ssh session started from here."""
+
+from __future__ import annotations
+
+import math
+import shlex
+from typing import Mapping, Sequence
+
+from horovod.runner.hosts import SlotInfo
+from horovod.runner.launchers.base import SECRET_KEY_ENV, LaunchContext
+from horovod.runner.launchers.process import ProcessWorker
+
+
+def ssh_argv(
+    host: str,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    port: int | None = None,
+    identity_file: str | None = None,
+    connect_timeout: float | None = None,
+) -> list[str]:
+    """The ssh command that runs `command` on `host` with `env`.
+
+    The job secret is never part of it: the remote shell reads it from stdin (see `SshLauncher`).
+    `connect_timeout` (the job's start timeout) bounds how long ssh tries to reach the host.
+    """
+    options = ["-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=no"]
+    if connect_timeout is not None:
+        options += ["-o", f"ConnectTimeout={max(1, math.ceil(connect_timeout))}"]
+    if port is not None:
+        options += ["-p", str(port)]
+    if identity_file is not None:
+        options += ["-i", identity_file]
+    assignments = " ".join(shlex.quote(f"{name}={value}") for name, value in env.items())
+    remote = (
+        f"cd {shlex.quote(cwd)} >/dev/null 2>&1; "
+        f"IFS= read -r {SECRET_KEY_ENV}; export {SECRET_KEY_ENV}; "
+        f"exec env {assignments} {shlex.join(command)}"
+    )
+    return ["ssh", *options, host, remote]
+
+
+class SshLauncher:
+    """Starts each worker through `ssh`; the worker process we watch is the ssh client."""
+
+    def __init__(self, context: LaunchContext) -> None:
+        self.context = context
+
+    def start(self, slot: SlotInfo, env: Mapping[str, str]) -> ProcessWorker:
+        ctx = self.context
+        argv = ssh_argv(
+            slot.hostname, ctx.command, env, ctx.cwd,
+            port=ctx.ssh_port, identity_file=ctx.ssh_identity_file,
+            connect_timeout=ctx.start_timeout,
+        )
+        # The secret goes over the ssh client's stdin, so no command line or remote `ps` shows it.
+        return ProcessWorker(slot, argv, ctx.launcher_env, stdin_data=(ctx.secret_hex + "\n").encode(),
+                             output=ctx.output)

@@ -1,0 +1,118 @@
+"""torch tensors <-> the host buffers the core moves: the one path every torch collective takes.
+
+* `host_array` turns a tensor into the numpy array the core moves. A CPU tensor is *not copied*:
+  the array shares its memory (bfloat16 travels as an `ml_dtypes.bfloat16` view of the same
+  bytes). A CUDA tensor is staged through a host copy until a GPU transport exists.
+* `start` submits the arrays to `horovod.common.ops` and returns a `Pending` whose `wait()` turns
+  the core's result back into tensors (again without copying on CPU). In-place variants let the
+  core write the result straight into the tensor's memory. `run` submits and waits, with this
+  thread running the engine meanwhile.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from horovod.common import basics, ops
+from horovod.common.collective_rules import CORE_CALLS
+from horovod.common.exceptions import HorovodInternalError
+from horovod.common.process_sets import ProcessSet
+from horovod.common.reduce_ops import BFLOAT16, DTYPE_NAMES, is_bfloat16
+
+SUPPORTED_DTYPES = tuple(getattr(torch, name) for name in DTYPE_NAMES)
+
+
+def host_array(tensor: torch.Tensor, op: str, name: str | None) -> np.ndarray:
+    """The numpy array the core reads: the tensor's own memory on CPU, a host copy otherwise."""
+    what = f"{op} {name}" if name else op
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype not in SUPPORTED_DTYPES or (tensor.dtype is torch.bfloat16 and BFLOAT16 is None):
+        hint = " (bfloat16 needs the ml_dtypes package)" if tensor.dtype is torch.bfloat16 else ""
+        raise ValueError(f"{what}: tensor type {tensor.dtype} is not supported{hint}; supported types: "
+                         f"{', '.join(str(d).replace('torch.', '') for d in SUPPORTED_DTYPES)}")
+    if tensor.layout is not torch.strided:
+        raise ValueError(f"{what}: {tensor.layout} tensors are not supported here; use sparse_allreduce_async "
+                         "for sparse tensors")
+    if not tensor.is_contiguous():
+        raise ValueError(f"{what}: the tensor is not contiguous; pass tensor.contiguous()")
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    if tensor.dtype is torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(BFLOAT16)
+    return tensor.numpy()
+
+
+def to_tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A tensor on `device` holding `array` (sharing its memory when the device is the CPU)."""
+    if is_bfloat16(array.dtype):
+        tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    else:
+        tensor = torch.from_numpy(array)
+    return tensor if device.type == "cpu" else tensor.to(device)
+
+
+class Pending:
+    """A submitted collective; `wait()` returns its result as tensors."""
+
+    __slots__ = ("handle", "finish")
+
+    def __init__(self, handle: ops.Handle, finish: Callable[[Any], Any]) -> None:
+        self.handle = handle
+        self.finish = finish
+
+    def poll(self) -> bool:
+        return self.handle.poll()
+
+    def wait(self) -> Any:
+        try:
+            result = self.handle.wait()
+        except HorovodInternalError:
+            raise
+        except RuntimeError as exc:
+            raise HorovodInternalError(str(exc)) from exc
+        return self.finish(result)
+
+
+def start(kind: str, tensors: Sequence[torch.Tensor], grouped: bool = False, inplace: bool = False,
+          **kwargs: Any) -> Pending:
+    """Submit `tensors` to the core's collective `kind`; the one path every collective here takes."""
+    arrays = [host_array(t, kind, kwargs.get("name")) for t in tensors]
+    if inplace:
+        kwargs["outputs" if grouped else "output"] = arrays if grouped else arrays[0]
+    single, group = CORE_CALLS[kind]
+    handle = group(arrays, **kwargs) if grouped else single(arrays[0], **kwargs)  # type: ignore[misc]
+    devices = [t.device for t in tensors]
+
+    def finish(result: Any) -> Any:
+        results = result if grouped else [result]
+        if inplace:
+            for tensor, array in zip(tensors, results):
+                if tensor.device.type != "cpu":  # staged: copy the host result back to the device
+                    tensor.copy_(to_tensor(array, tensor.device))
+                torch.autograd.graph.increment_version(tensor)
+            outputs: list[Any] = list(tensors)
+        elif kind == "alltoall":
+            outputs = [(to_tensor(r[0], d), torch.from_numpy(r[1])) for r, d in zip(results, devices)]
+        else:
+            outputs = [to_tensor(r, d) for r, d in zip(results, devices)]
+        return outputs if grouped else outputs[0]
+
+    return Pending(handle, finish)
+
+
+def run(kind: str, tensors: Sequence[torch.Tensor], **kwargs: Any) -> Any:
+    """Submit and wait: this thread runs the engine itself (see Engine.caller_waits)."""
+    with basics.runtime().engine.caller_waits():
+        pending = start(kind, tensors, **kwargs)
+    return pending.wait()
+
+
+def members(process_set: ProcessSet) -> list[int]:
+    """The set's global ranks (the set must be registered)."""
+    process_set.require_registered()
+    return process_set.ranks
