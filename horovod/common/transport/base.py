@@ -64,7 +64,6 @@ class Transport(ABC):
     spin_useful: bool = False
 
     def __init__(self, context: TransportContext) -> None:
-        self.context = context
         self.rank = context.rank
         self.size = context.size
 
