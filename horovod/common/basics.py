@@ -24,7 +24,7 @@ from horovod.common.process_sets import ProcessSet, check_static_sets_agree, glo
 from horovod.common.runtime import Runtime
 from horovod.common.settings import Settings, Topology
 from horovod.common.transport import create as create_transport
-from horovod.common.transport.base import PeerFailure, Transport
+from horovod.common.transport.base import PeerFailure, Transport, TransportContext
 
 _atexit_registered = False
 _failure_reported = False
@@ -72,10 +72,7 @@ def _connect(settings: Settings, membership: bootstrap.Membership, comm: Any,
                 "init(comm=...) with an MPI communicator or a subset of ranks needs the MPI controller, "
                 "which khorovod does not have yet; use process_sets= for collectives over subsets")
         transport = create_transport(
-            settings.cpu_operations, rank=topo.rank, size=topo.size, rendezvous=membership.rendezvous,
-            secret_key=settings.secret_key, generation=membership.round,
-            rendezvous_addr=settings.rendezvous_addr or "127.0.0.1", start_timeout=settings.start_timeout,
-            peer_timeout=settings.peer_timeout_seconds, topology=topo, settings=settings)
+            settings.cpu_operations, TransportContext(topo, settings, membership.rendezvous, membership.round))
         sets = register_static(process_sets, topo.size)
         check_static_sets_agree(transport, sets)
     except BaseException as exc:

@@ -24,6 +24,7 @@ NONCE_BYTES = 32
 DIGEST_BYTES = 32
 MAX_FRAME_BYTES = 256 * 1024 * 1024
 _LEN = struct.Struct("<Q")
+FRAME_HEADER_BYTES = _LEN.size
 
 
 class WireError(ConnectionError):
@@ -143,6 +144,16 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
         raise
     except Exception as exc:
         raise WireError(f"malformed message: {exc}") from None
+
+
+def frame_header(length: int) -> bytes:
+    """The header that starts a frame of `length` bytes (for transports that send frames their own way)."""
+    return _LEN.pack(length)
+
+
+def frame_length(header: bytes | bytearray | memoryview) -> int:
+    """The payload length a frame header of FRAME_HEADER_BYTES announces."""
+    return _LEN.unpack(header)[0]
 
 
 def send_frame(sock: socket.socket, payload: bytes) -> None:

@@ -19,6 +19,7 @@ from horovod.common.engine.coordinator import stall_message
 from horovod.common.engine.cycle import Cycle
 from horovod.common.engine.handles import Entry, Handle
 from horovod.common.engine.state import SetState, ShutdownState
+from horovod.common.engine.waiting import Waiter
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.logging import log
 from horovod.common.settings import Settings
@@ -51,6 +52,8 @@ class Driver:
         self._driver_wake_r, self._driver_wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w, self._driver_wake_r, self._driver_wake_w):
             os.set_blocking(fd, False)
+        self._idle_waiter = Waiter(transport, self._wake_r, driver=False)
+        self._driver_waiter = Waiter(transport, self._driver_wake_r, driver=True)
         self._stopped = threading.Event()
         self.fatal: HorovodInternalError | None = None
         self._drive = threading.Lock()  # held by whichever thread runs cycles (see drive_until)
@@ -127,12 +130,11 @@ class Driver:
 
     def _drive_loop(self, handle: Handle) -> None:
         while not handle.poll() and not self._finished:
-            if self._cycle_due() or self.transport.wait_for_activity(0, self._driver_wake_r, driver=True):
+            if self._cycle_due() or self._driver_waiter.wait(0):
                 self._run_cycle()
                 continue
             timeout = self._idle_timeout()
-            self.transport.wait_for_activity(_TICK_SECONDS if timeout is None else min(timeout, _TICK_SECONDS),
-                                             self._driver_wake_r, driver=True)
+            self._driver_waiter.wait(_TICK_SECONDS if timeout is None else min(timeout, _TICK_SECONDS))
             self._drain_wakes(self._driver_wake_r)
             if not self._has_new_work():
                 self._check_stalls()
@@ -143,6 +145,8 @@ class Driver:
         finally:
             self._stopped.set()
             self.transport.close()
+            self._idle_waiter.close()
+            self._driver_waiter.close()
             for fd in (self._wake_r, self._wake_w, self._driver_wake_r, self._driver_wake_w):
                 os.close(fd)
 
@@ -215,7 +219,7 @@ class Driver:
             timeout = 0.0 if self._cycle_due() else self._idle_timeout()
             peer_started = False
             if timeout != 0:
-                peer_started = self.transport.wait_for_activity(timeout, self._wake_r)
+                peer_started = self._idle_waiter.wait(timeout)
                 if peer_started and timeout is None and not self._has_new_work():
                     # A peer started a cycle while we had nothing to submit. Our next op is most
                     # likely being submitted right now by a thread that will wait for it and run
@@ -229,8 +233,7 @@ class Driver:
             with self._drive:
                 if self._finished:
                     return
-                if self._cycle_due() or (peer_started and self.transport.wait_for_activity(
-                        0, self._driver_wake_r, driver=True)):
+                if self._cycle_due() or (peer_started and self._driver_waiter.wait(0)):
                     self._run_cycle()
                 elif timeout is not None and not self._has_new_work():
                     self._check_stalls()

@@ -4,14 +4,22 @@ Collectives run over a *group*: the sorted global ranks of a process set. Buffer
 contiguous 1-D numpy arrays owned by the caller; counts are in elements of the buffer's dtype.
 Control messages (negotiation) are small `bytes` payloads. A transport raises `PeerFailure`
 naming the rank when a peer dies, hangs past the timeout, or breaks the protocol.
+
+Waiting for peers is the engine's business (`horovod.common.engine.waiting`): a transport only
+says what shows that a peer is talking (`has_activity`, `activity_fds`) and how to be told
+(`listen`, `drain`).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+
+from horovod.common.rendezvous import RendezvousClient
+from horovod.common.settings import Settings, Topology
 
 
 class PeerFailure(ConnectionError):
@@ -24,14 +32,40 @@ class PeerFailure(ConnectionError):
         self.host = host
 
 
+@dataclass(frozen=True)
+class TransportContext:
+    """Everything a transport needs to connect one round of the job."""
+
+    topology: Topology  # this round's: who we are, who our peers are
+    settings: Settings
+    rendezvous: RendezvousClient | None  # None for a job of one
+    round: int  # the store's round number; scopes every key the transport publishes
+
+    @property
+    def rank(self) -> int:
+        return self.topology.rank
+
+    @property
+    def size(self) -> int:
+        return self.topology.size
+
+    @property
+    def store_host(self) -> str:
+        """The rendezvous store's address: it tells which interface peers can reach us on."""
+        return self.settings.rendezvous_addr or "127.0.0.1"
+
+
 class Transport(ABC):
-    """Moves bytes for one generation of the job (from `init()` to `shutdown()`)."""
+    """Moves bytes for one round of the job (from `init()` to `shutdown()`)."""
 
     name: str = "abstract"
+    # True when spinning on has_activity() can beat sleeping (every local rank has a core of its
+    # own): the engine's driver then spins briefly before it sleeps on activity_fds().
+    spin_useful: bool = False
 
-    def __init__(self, rank: int, size: int) -> None:
-        self.rank = rank
-        self.size = size
+    def __init__(self, context: TransportContext) -> None:
+        self.rank = context.rank
+        self.size = context.size
 
     # -- data plane -----------------------------------------------------------------------
     @abstractmethod
@@ -72,13 +106,26 @@ class Transport(ABC):
     def bcast_bytes(self, group: Sequence[int], payload: bytes | None, root: int) -> bytes:
         """`root`'s payload, on every member."""
 
-    @abstractmethod
-    def wait_for_activity(self, timeout: float | None, wake_fd: int, driver: bool = False) -> bool:
-        """Block until a peer sent something, `wake_fd` is readable, or `timeout` passes.
+    # -- telling the engine that a peer is talking ----------------------------------------
+    def has_activity(self) -> bool:
+        """Non-blocking: a peer's control message waits that no file descriptor shows (shared
+        memory mailboxes). Reads nothing of it."""
+        return False
 
-        Returns True when a peer is talking to us (it has started a negotiation cycle). Reads
-        nothing of the peer's message. Two threads may wait at once: the idle engine thread,
-        and (`driver`) the thread that holds the engine's drive lock."""
+    @abstractmethod
+    def activity_fds(self, driver: bool) -> dict[int, bool]:
+        """The fds a sleeper watches, with their meaning. True: the fd turning readable itself
+        means a peer is talking to us (a peer's socket; it also wakes on hang-up). False: a
+        doorbell; after it rings, ask has_activity(). Two threads may sleep at once: the idle
+        engine thread, and (`driver`) the thread that holds the engine's drive lock; each has
+        its own doorbell."""
+
+    def listen(self, driver: bool, on: bool) -> None:
+        """Around the engine's sleep on activity_fds(driver): ask peers to ring this sleeper's
+        doorbell when they post a message (on), or stop asking (off)."""
+
+    def drain(self, driver: bool) -> None:
+        """After a sleeper woke: empty its doorbell (the rings have done their job)."""
 
     def set_caller_driving(self, on: bool) -> bool:
         """A framework thread that would otherwise only block drives the engine (on), or no

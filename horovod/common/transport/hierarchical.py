@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from horovod.common.logging import log
-from horovod.common.transport import register
+from horovod.common.transport.base import TransportContext
 from horovod.common.transport.shm import ShmTransport, _even_counts, _offsets
 
 
@@ -45,10 +45,10 @@ class _Plan:
 class HierarchicalTransport(ShmTransport):
     name = "hierarchical"
 
-    def __init__(self, *args: object, settings: object = None, **kwargs: object) -> None:
-        super().__init__(*args, settings=settings, **kwargs)
-        self.hierarchical_allreduce: bool | None = getattr(settings, "hierarchical_allreduce", None)
-        self.hierarchical_allgather: bool | None = getattr(settings, "hierarchical_allgather", None)
+    def __init__(self, context: TransportContext) -> None:
+        super().__init__(context)
+        self.hierarchical_allreduce: bool | None = context.settings.hierarchical_allreduce
+        self.hierarchical_allgather: bool | None = context.settings.hierarchical_allgather
         self._plans: dict[tuple[int, ...], _Plan | None] = {}
         self._warned: set[tuple[int, ...]] = set()
         self._scratch = np.empty(0, np.uint8)
@@ -120,6 +120,3 @@ class HierarchicalTransport(ShmTransport):
                 start = offsets[where[r]]
                 recv[start: start + size] = everything[at: at + size]
                 at += size
-
-
-register("hierarchical", HierarchicalTransport)

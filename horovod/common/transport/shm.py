@@ -42,7 +42,6 @@ import mmap
 import os
 import secrets
 import select
-import selectors
 import socket
 import sys
 import threading
@@ -54,8 +53,7 @@ import numpy as np
 from horovod.common import wire
 from horovod.common.logging import log
 from horovod.common.reduce_ops import reduce_into
-from horovod.common.transport import register
-from horovod.common.transport.base import PeerFailure, Transport
+from horovod.common.transport.base import PeerFailure, Transport, TransportContext
 from horovod.common.transport.tcp import CLOSED_BY_PEER, HANGUP, TcpTransport
 
 SHM_DIR = "/dev/shm"
@@ -885,16 +883,13 @@ class ShmTransport(Transport):
 
     name = "shm"
 
-    def __init__(self, rank: int, size: int, rendezvous: object, secret_key: bytes | None, generation: int,
-                 rendezvous_addr: str = "127.0.0.1", start_timeout: float = 30.0, peer_timeout: float = 30.0,
-                 topology: object = None, settings: object = None, **_: object) -> None:
-        super().__init__(rank, size)
-        self.tcp = TcpTransport(rank, size, rendezvous, secret_key, generation, rendezvous_addr,  # type: ignore[arg-type]
-                                start_timeout, peer_timeout, topology=topology, settings=settings)
+    def __init__(self, context: TransportContext) -> None:
+        super().__init__(context)
+        rank, size, settings = self.rank, self.size, context.settings
+        peer_timeout = settings.peer_timeout_seconds
+        self.tcp = TcpTransport(context)
         self.shm: SharedMemory | None = None
-        self._selectors: dict[bool, selectors.BaseSelector] = {}  # the driver's and the idle engine thread's
-        self._selector_lock = threading.Lock()
-        hostname = getattr(topology, "hostname", None) or socket.gethostname()
+        hostname = context.topology.hostname or socket.gethostname()
         self.hosts: list[str] = [hostname]
         if size > 1:
             try:
@@ -904,7 +899,7 @@ class ShmTransport(Transport):
                 raise
         self.local_ranks = [r for r in range(size) if self.hosts[r] == hostname]
         self._local = set(self.local_ranks)
-        fusion = getattr(settings, "fusion_threshold", 128 * 1024 * 1024)
+        fusion = settings.fusion_threshold
         if len(self.local_ranks) > 1:
             try:
                 self.shm = SharedMemory(self.tcp, self.local_ranks, rank, min(fusion, 1 << 30), peer_timeout)
@@ -959,41 +954,32 @@ class ShmTransport(Transport):
     def bcast_bytes(self, group: Sequence[int], payload: bytes | None, root: int) -> bytes:
         return (self._on_host(group) or self.tcp).bcast_bytes(group, payload, root)
 
-    def wait_for_activity(self, timeout: float | None, wake_fd: int, driver: bool = False) -> bool:
-        shm = self.shm
-        if shm is None:
-            return self.tcp.wait_for_activity(timeout, wake_fd, driver)
-        if shm.pending():
-            return True
-        if timeout != 0 and driver and shm.spin:  # the driver would block anyway: spin first
-            end = time.perf_counter() + (shm.spin if timeout is None else min(shm.spin, timeout))
-            while time.perf_counter() < end:
-                if shm.pending():
-                    return True
-        with self._selector_lock:  # the engine thread and a driving caller may both get here first
-            selector = self._selectors.get(driver)
-            if selector is None:
-                selector = self._selectors[driver] = selectors.DefaultSelector()
-                selector.register(wake_fd, selectors.EVENT_READ, None)
-                selector.register(shm.bell if driver else shm.idle_bell, selectors.EVENT_READ, -1)
-                for r in range(self.size):
-                    if r != self.rank:
-                        selector.register(self.tcp.peer(r).sock, selectors.EVENT_READ, r)
-        shm.set_listening(True, driver)
-        try:
-            events = [] if shm.pending() else selector.select(timeout)
-        finally:
-            shm.set_listening(False, driver)
-        shm.drain(idle=not driver)
-        return shm.pending() or any(key.data is not None and key.data >= 0 for key, _ in events)
+    # -- telling the engine that a peer is talking ----------------------------------------
+    @property
+    def spin_useful(self) -> bool:  # type: ignore[override]
+        return self.shm is not None and self.shm._may_spin
+
+    def has_activity(self) -> bool:
+        return self.shm is not None and self.shm.pending()
+
+    def activity_fds(self, driver: bool) -> dict[int, bool]:
+        fds = self.tcp.activity_fds(driver)
+        if self.shm is not None:
+            fds[(self.shm.bell if driver else self.shm.idle_bell).fileno()] = False
+        return fds
+
+    def listen(self, driver: bool, on: bool) -> None:
+        if self.shm is not None:
+            self.shm.set_listening(on, driver)
+
+    def drain(self, driver: bool) -> None:
+        if self.shm is not None:
+            self.shm.drain(idle=not driver)
 
     def set_caller_driving(self, on: bool) -> bool:
         return self.shm.set_driven(on) if self.shm is not None else False
 
     def close(self) -> None:
-        for selector in self._selectors.values():
-            selector.close()
-        self._selectors.clear()
         if self.shm is not None:
             self.shm.close()
         self.tcp.close()
@@ -1002,6 +988,3 @@ class ShmTransport(Transport):
 def shared_memory_usable() -> bool:
     """Whether this platform offers what the shm transport needs (Linux: /dev/shm, abstract sockets)."""
     return sys.platform.startswith("linux") and os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
-
-
-register("shm", ShmTransport)

@@ -1,0 +1,57 @@
+"""How the engine waits for peers: the policy (spin or sleep, on which fds, for how long).
+
+A transport only reports activity (`Transport.has_activity`, `activity_fds`) and how to be told
+of it (`listen`, `drain`); this module decides how to wait for it. Two threads of a rank may
+sleep at once, each with a `Waiter` of its own: the idle engine thread, and the *driver* (the
+thread that holds the engine's drive lock, see `Engine.drive_until`). Each has its own wake-up
+pipe and its own doorbell, so neither swallows a wake-up meant for the other.
+"""
+
+from __future__ import annotations
+
+import selectors
+import time
+
+from horovod.common.transport.base import Transport
+
+# While a framework thread drives the engine (it would only block otherwise) it spins this long
+# before it sleeps, where spinning is useful: a rank that sleeps takes 30-60 us to wake here,
+# more than a whole small op.
+DRIVER_SPIN_SECONDS = 200e-6
+
+
+class Waiter:
+    """One sleeper's wait for a peer to start talking, or for its wake-up fd to be written."""
+
+    def __init__(self, transport: Transport, wake_fd: int, driver: bool) -> None:
+        self._transport = transport
+        self._driver = driver
+        # Built once: registering every peer's socket on each wait would cost more than the wait.
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(wake_fd, selectors.EVENT_READ, False)
+        for fd, talking in transport.activity_fds(driver).items():
+            self._selector.register(fd, selectors.EVENT_READ, talking)
+
+    def wait(self, timeout: float | None) -> bool:
+        """Block until a peer is talking to us, the wake-up fd is readable, or `timeout` passes
+        (0: just look). True when a peer is talking (it has started a negotiation cycle); reads
+        nothing of the peer's message."""
+        transport = self._transport
+        if transport.has_activity():
+            return True
+        if timeout != 0 and self._driver and transport.spin_useful:  # the driver would block anyway
+            spin = DRIVER_SPIN_SECONDS if timeout is None else min(DRIVER_SPIN_SECONDS, timeout)
+            end = time.perf_counter() + spin
+            while time.perf_counter() < end:
+                if transport.has_activity():
+                    return True
+        transport.listen(self._driver, True)
+        try:
+            events = [] if transport.has_activity() else self._selector.select(timeout)
+        finally:
+            transport.listen(self._driver, False)
+        transport.drain(self._driver)
+        return transport.has_activity() or any(key.data for key, _ in events)
+
+    def close(self) -> None:
+        self._selector.close()

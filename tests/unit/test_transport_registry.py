@@ -1,0 +1,42 @@
+"""Transports by name: aliases, `auto`, a single rank, and the message for a name that does not exist."""
+
+from __future__ import annotations
+
+import pytest
+
+from horovod.common.settings import Settings, Topology
+from horovod.common.transport import TransportContext, create, default_name
+from horovod.common.transport.tcp import TcpTransport
+
+
+def context(topology: Topology = Topology()) -> TransportContext:
+    return TransportContext(topology, Settings(topology=topology), None, round=1)
+
+
+@pytest.mark.parametrize("name", ["", "gloo", "auto", "tcp"])
+def test_a_single_rank_gets_a_working_tcp_transport(name: str) -> None:
+    transport = create(name, context())
+    try:
+        assert isinstance(transport, TcpTransport) and (transport.rank, transport.size) == (0, 1)
+        assert transport.activity_fds(driver=True) == {}
+        assert transport.exchange([0], b"x") == [b"x"]
+    finally:
+        transport.close()
+
+
+def test_auto_picks_by_topology() -> None:
+    assert default_name(Topology(size=1)) == "tcp"
+    assert default_name(Topology(size=4, local_size=4)) in ("shm", "tcp")  # tcp where /dev/shm is unusable
+    assert default_name(Topology(size=4, local_size=2)) in ("hierarchical", "tcp")
+
+
+def test_an_unknown_name_lists_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"HOROVOD_CPU_OPERATIONS='mpi' is not an available transport; "
+                                         r"choose one of: auto, hierarchical, shm, tcp"):
+        create("mpi", context())
+
+
+def test_the_context_derives_rank_size_and_store_host() -> None:
+    ctx = TransportContext(Topology(rank=2, size=3), Settings(rendezvous_addr="10.0.0.5"), None, round=7)
+    assert (ctx.rank, ctx.size, ctx.store_host, ctx.round) == (2, 3, "10.0.0.5", 7)
+    assert context().store_host == "127.0.0.1"
