@@ -22,7 +22,7 @@ from horovod.common.exceptions import HorovodInternalError
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.rendezvous import JOINED, RendezvousClient
 from horovod.common.settings import Settings
-from horovod.common.transport import create as create_transport
+from horovod.common.transport import TransportContext, create as create_transport
 from horovod.common.transport.base import PeerFailure, Transport
 
 NOT_INITIALIZED = "Horovod has not been initialized; use hvd.init()."
@@ -140,11 +140,8 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         try:
             if rendezvous is not None:
                 rendezvous.put(JOINED, str(topo.rank), b"")  # the launcher times the start from here
-            transport = create_transport(
-                settings.cpu_operations, rank=topo.rank, size=topo.size, rendezvous=rendezvous,
-                secret_key=settings.secret_key, generation=_generation,
-                rendezvous_addr=settings.rendezvous_addr or "127.0.0.1", start_timeout=settings.start_timeout,
-                peer_timeout=settings.peer_timeout_seconds, topology=topo, settings=settings)
+            transport = create_transport(settings.cpu_operations,
+                                         TransportContext(topo, settings, rendezvous, _generation))
             sets = _static_sets(process_sets, topo.size)
             _check_sets_agree(transport, sets)
         except BaseException as exc:

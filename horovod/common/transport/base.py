@@ -8,10 +8,23 @@ naming the rank when a peer dies, hangs past the timeout, or breaks the protocol
 
 from __future__ import annotations
 
+import selectors
+import threading
+import time
 from abc import ABC, abstractmethod
-from typing import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+
+from horovod.common.settings import Settings, Topology
+
+if TYPE_CHECKING:
+    from horovod.common.rendezvous import RendezvousClient
+
+# How long the driver spins on has_activity() before it sleeps, when the transport says spinning
+# can win (shm: a rank that sleeps takes 30-60 us to wake here, more than a whole small op).
+DRIVER_SPIN_SECONDS = 200e-6
 
 
 class PeerFailure(ConnectionError):
@@ -24,6 +37,28 @@ class PeerFailure(ConnectionError):
         self.host = host
 
 
+@dataclass(frozen=True)
+class TransportContext:
+    """Everything a transport needs to connect one round of the job."""
+
+    topology: Topology  # where this rank sits in THIS round
+    settings: Settings
+    rendezvous: RendezvousClient | None
+    round: int  # the store's round number; scopes every key the transport publishes
+
+    @property
+    def rank(self) -> int:
+        return self.topology.rank
+
+    @property
+    def size(self) -> int:
+        return self.topology.size
+
+    @property
+    def store_host(self) -> str:
+        return self.settings.rendezvous_addr or "127.0.0.1"
+
+
 class Transport(ABC):
     """Moves bytes for one generation of the job (from `init()` to `shutdown()`)."""
 
@@ -32,6 +67,8 @@ class Transport(ABC):
     def __init__(self, rank: int, size: int) -> None:
         self.rank = rank
         self.size = size
+        self._bridge_selectors: dict[bool, selectors.BaseSelector] = {}  # BRIDGE, see wait_for_activity
+        self._bridge_lock = threading.Lock()
 
     # -- data plane -----------------------------------------------------------------------
     @abstractmethod
@@ -72,13 +109,50 @@ class Transport(ABC):
     def bcast_bytes(self, group: Sequence[int], payload: bytes | None, root: int) -> bytes:
         """`root`'s payload, on every member."""
 
-    @abstractmethod
-    def wait_for_activity(self, timeout: float | None, wake_fd: int, driver: bool = False) -> bool:
-        """Block until a peer sent something, `wake_fd` is readable, or `timeout` passes.
+    # -- activity: what the engine sleeps on (how it waits is its own policy) --------------
+    spin_useful: bool = False
+    """True when spinning on has_activity() can beat sleeping (every local rank has its own core)."""
 
-        Returns True when a peer is talking to us (it has started a negotiation cycle). Reads
-        nothing of the peer's message. Two threads may wait at once: the idle engine thread,
-        and (`driver`) the thread that holds the engine's drive lock."""
+    def has_activity(self) -> bool:
+        """Non-blocking: a peer's control message waits that no file descriptor shows (mailboxes)."""
+        return False
+
+    def activity_fds(self, driver: bool) -> dict[int, bool]:
+        """fd -> meaning, for the sleeper `driver` (the drive-lock holder) or the idle engine thread.
+        True: the fd turning readable itself means a peer is talking to us (a peer's socket; also
+        wakes on hang-up). False: a doorbell; after it rings, ask has_activity()."""
+        return {}
+
+    def listen(self, driver: bool, on: bool) -> None:
+        """Around the engine's sleep on activity_fds(driver): lets peers ring this sleeper's bell."""
+
+    def drain(self, driver: bool) -> None:
+        """After waking: empty this sleeper's doorbell."""
+
+    def wait_for_activity(self, timeout: float | None, wake_fd: int, driver: bool = False) -> bool:
+        """BRIDGE on branch seams-shm until the engine's Waiter (engine/waiting.py) lands: block until
+        a peer sent something, `wake_fd` is readable, or `timeout` passes; True when a peer talks."""
+        if self.has_activity():
+            return True
+        if timeout != 0 and driver and self.spin_useful:  # the driver would block anyway: spin first
+            end = time.perf_counter() + (DRIVER_SPIN_SECONDS if timeout is None else min(DRIVER_SPIN_SECONDS, timeout))
+            while time.perf_counter() < end:
+                if self.has_activity():
+                    return True
+        with self._bridge_lock:  # the engine thread and a driving caller may both get here first
+            selector = self._bridge_selectors.get(driver)
+            if selector is None:
+                selector = self._bridge_selectors[driver] = selectors.DefaultSelector()
+                selector.register(wake_fd, selectors.EVENT_READ, False)
+                for fd, talking in self.activity_fds(driver).items():
+                    selector.register(fd, selectors.EVENT_READ, talking)
+        self.listen(driver, True)
+        try:
+            events = [] if self.has_activity() else selector.select(timeout)
+        finally:
+            self.listen(driver, False)
+        self.drain(driver)
+        return self.has_activity() or any(key.data for key, _ in events)
 
     def set_caller_driving(self, on: bool) -> bool:
         """A framework thread that would otherwise only block drives the engine (on), or no

@@ -29,8 +29,9 @@ from typing import Sequence
 import numpy as np
 
 from horovod.common.logging import log
-from horovod.common.transport import register
-from horovod.common.transport.shm import ShmTransport, _even_counts, _offsets
+from horovod.common.partition import even_counts, offsets
+from horovod.common.transport.base import Transport, TransportContext
+from horovod.common.transport.shm import ShmTransport
 
 
 @dataclass(frozen=True)
@@ -42,13 +43,19 @@ class _Plan:
     crosses: tuple[tuple[int, ...], ...]  # crosses[p]: the p-th member of every host, sorted
 
 
-class HierarchicalTransport(ShmTransport):
+class HierarchicalTransport(Transport):
+    """A ShmTransport (shared memory on this host, TCP across) plus the hierarchical algorithms for
+    groups that span hosts; everything else goes to the ShmTransport as it is."""
+
     name = "hierarchical"
 
-    def __init__(self, *args: object, settings: object = None, **kwargs: object) -> None:
-        super().__init__(*args, settings=settings, **kwargs)
-        self.hierarchical_allreduce: bool | None = getattr(settings, "hierarchical_allreduce", None)
-        self.hierarchical_allgather: bool | None = getattr(settings, "hierarchical_allgather", None)
+    def __init__(self, context: TransportContext) -> None:
+        super().__init__(context.rank, context.size)
+        self.local = ShmTransport(context)
+        self.tcp, self.shm, self.hosts = self.local.tcp, self.local.shm, self.local.hosts
+        self.spin_useful = self.local.spin_useful
+        self.hierarchical_allreduce: bool | None = context.settings.hierarchical_allreduce
+        self.hierarchical_allgather: bool | None = context.settings.hierarchical_allgather
         self._plans: dict[tuple[int, ...], _Plan | None] = {}
         self._warned: set[tuple[int, ...]] = set()
         self._scratch = np.empty(0, np.uint8)
@@ -88,10 +95,10 @@ class HierarchicalTransport(ShmTransport):
     def allreduce(self, group: Sequence[int], buf: np.ndarray, op: int) -> None:
         plan = self._plan(group, self.hierarchical_allreduce) if buf.size else None
         if plan is None:
-            return super().allreduce(group, buf, op)
+            return self.local.allreduce(group, buf, op)
         assert self.shm is not None
-        counts = _even_counts(buf.size, len(plan.local))
-        lo = _offsets(counts)[plan.position]
+        counts = even_counts(buf.size, len(plan.local))
+        lo = offsets(counts)[plan.position]
         part = buf[lo: lo + counts[plan.position]]
         self.shm.reducescatter(plan.local, buf, part, counts, op)
         if part.size:
@@ -103,10 +110,10 @@ class HierarchicalTransport(ShmTransport):
         # and over loopback (two "hosts" on one machine) the flat ring was faster.
         plan = self._plan(group, True) if self.hierarchical_allgather else None
         if plan is None:
-            return super().allgatherv(group, send, recv, counts)
+            return self.local.allgatherv(group, send, recv, counts)
         assert self.shm is not None
         where = {r: i for i, r in enumerate(group)}
-        offsets = _offsets(counts)
+        starts = offsets(counts)
         cross_counts = [[int(counts[where[r]]) for r in cross] for cross in plan.crosses]
         held = [sum(c) for c in cross_counts]
         # Scratch: the blocks of our cross group, then everyone's (grouped by cross group).
@@ -117,9 +124,49 @@ class HierarchicalTransport(ShmTransport):
         at = 0
         for cross, sizes in zip(plan.crosses, cross_counts):
             for r, size in zip(cross, sizes):
-                start = offsets[where[r]]
+                start = starts[where[r]]
                 recv[start: start + size] = everything[at: at + size]
                 at += size
 
 
-register("hierarchical", HierarchicalTransport)
+    # -- the rest is the ShmTransport's -------------------------------------------------------
+    def broadcast(self, group: Sequence[int], buf: np.ndarray, root: int) -> None:
+        self.local.broadcast(group, buf, root)
+
+    def alltoallv(self, group: Sequence[int], send: np.ndarray, send_counts: Sequence[int], recv: np.ndarray,
+                  recv_counts: Sequence[int]) -> None:
+        self.local.alltoallv(group, send, send_counts, recv, recv_counts)
+
+    def reducescatter(self, group: Sequence[int], buf: np.ndarray, recv: np.ndarray, counts: Sequence[int],
+                      op: int) -> None:
+        self.local.reducescatter(group, buf, recv, counts, op)
+
+    def fusion_buffer(self, nbytes: int) -> np.ndarray | None:
+        return self.local.fusion_buffer(nbytes)
+
+    def exchange(self, group: Sequence[int], payload: bytes) -> list[bytes]:
+        return self.local.exchange(group, payload)
+
+    def gather(self, group: Sequence[int], payload: bytes, root: int) -> list[bytes] | None:
+        return self.local.gather(group, payload, root)
+
+    def bcast_bytes(self, group: Sequence[int], payload: bytes | None, root: int) -> bytes:
+        return self.local.bcast_bytes(group, payload, root)
+
+    def has_activity(self) -> bool:
+        return self.local.has_activity()
+
+    def activity_fds(self, driver: bool) -> dict[int, bool]:
+        return self.local.activity_fds(driver)
+
+    def listen(self, driver: bool, on: bool) -> None:
+        self.local.listen(driver, on)
+
+    def drain(self, driver: bool) -> None:
+        self.local.drain(driver)
+
+    def set_caller_driving(self, on: bool) -> bool:
+        return self.local.set_caller_driving(on)
+
+    def close(self) -> None:
+        self.local.close()

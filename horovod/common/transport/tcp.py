@@ -25,8 +25,7 @@ from horovod.common import wire
 from horovod.common.reduce_ops import reduce_into
 from horovod.common.rendezvous import RendezvousClient
 from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS
-from horovod.common.transport import register
-from horovod.common.transport.base import PeerFailure, Transport
+from horovod.common.transport.base import PeerFailure, Transport, TransportContext
 
 # Below this many bytes a message is sent from the calling thread (it fits in the socket buffers).
 INLINE_SEND_BYTES = 64 * 1024
@@ -320,10 +319,10 @@ def _tune(sock: socket.socket, detection_seconds: float) -> None:
 class TcpTransport(Transport):
     name = "tcp"
 
-    def __init__(self, rank: int, size: int, rendezvous: RendezvousClient | None, secret_key: bytes | None,
-                 generation: int, rendezvous_addr: str = "127.0.0.1", start_timeout: float = 30.0,
-                 peer_timeout: float = 30.0, topology: object = None, settings: object = None,
-                 **_: object) -> None:
+    def __init__(self, context: TransportContext) -> None:
+        rank, size, rendezvous, settings = context.rank, context.size, context.rendezvous, context.settings
+        secret_key, generation, topology = settings.secret_key, context.round, context.topology
+        rendezvous_addr, start_timeout, peer_timeout = context.store_host, settings.start_timeout, settings.peer_timeout_seconds
         super().__init__(rank, size)
         self._peers: dict[int, _Peer] = {}
         self._scratch = np.empty(0, np.uint8)
@@ -612,6 +611,9 @@ class TcpTransport(Transport):
         events = selector.select(timeout)
         return any(key.data is not None for key, _ in events)
 
+    def activity_fds(self, driver: bool) -> dict[int, bool]:
+        return {peer.sock.fileno(): True for peer in self._peers.values()}
+
     def close(self) -> None:
         for selector in self._selectors.values():
             selector.close()
@@ -645,5 +647,3 @@ def _segment_bounds(total: int, counts: Sequence[int]) -> list[tuple[int, int]]:
         raise ValueError(f"segment counts sum to {lo}, buffer holds {total}")
     return bounds
 
-
-register("tcp", TcpTransport)
