@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import pytest
@@ -23,8 +24,8 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ab
 class LoneMesh:
     """The TCP mesh of a host with one rank: every exchange returns just our own payload."""
 
-    def exchange(self, group: list[int], payload: bytes) -> list[bytes]:
-        assert group == [0]
+    def exchange(self, group: Sequence[int], payload: bytes) -> list[bytes]:
+        assert list(group) == [0]
         return [payload]
 
 
@@ -62,7 +63,7 @@ def test_stale_segments_of_dead_creators_are_removed(tmp_path: Path, monkeypatch
 def test_a_segment_is_unlinked_once_mapped_and_lends_its_fusion_region(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(segment, "SHM_DIR", str(tmp_path))
-    host = HostSegments(LoneMesh(), [0], 0, fusion_bytes=3 << 20)  # type: ignore[arg-type]
+    host = HostSegments(LoneMesh(), [0], 0, fusion_bytes=3 << 20)
     try:
         assert list(tmp_path.iterdir()) == []  # every member has mapped it: the name is gone
         assert host.me == 0 and host.group([0]) == ([0], 0) and host.mine is host.mapped[0]
@@ -82,7 +83,7 @@ def test_a_segment_is_unlinked_once_mapped_and_lends_its_fusion_region(tmp_path:
 def test_a_segment_that_cannot_be_created_makes_shared_memory_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(segment, "SHM_DIR", "/nonexistent-khorovod-test")
     with pytest.raises(Unavailable, match="rank 0: could not create"):
-        HostSegments(LoneMesh(), [0], 0, fusion_bytes=0)  # type: ignore[arg-type]
+        HostSegments(LoneMesh(), [0], 0, fusion_bytes=0)
 
 
 def test_transports_are_chosen_by_name_from_a_context() -> None:

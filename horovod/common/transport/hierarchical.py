@@ -51,9 +51,9 @@ class HierarchicalTransport(Transport):
 
     def __init__(self, context: TransportContext) -> None:
         super().__init__(context.rank, context.size)
-        self.local = ShmTransport(context)
-        self.tcp, self.shm, self.hosts = self.local.tcp, self.local.shm, self.local.hosts
-        self.spin_useful = self.local.spin_useful
+        inner = self.shm_transport = ShmTransport(context)
+        # The pieces the hierarchical algorithms use: TCP across hosts, shared memory inside.
+        self.tcp, self.shm, self.hosts, self.spin_useful = inner.tcp, inner.shm, inner.hosts, inner.spin_useful
         self.hierarchical_allreduce: bool | None = context.settings.hierarchical_allreduce
         self.hierarchical_allgather: bool | None = context.settings.hierarchical_allgather
         self._plans: dict[tuple[int, ...], _Plan | None] = {}
@@ -95,7 +95,7 @@ class HierarchicalTransport(Transport):
     def allreduce(self, group: Sequence[int], buf: np.ndarray, op: int) -> None:
         plan = self._plan(group, self.hierarchical_allreduce) if buf.size else None
         if plan is None:
-            return self.local.allreduce(group, buf, op)
+            return self.shm_transport.allreduce(group, buf, op)
         assert self.shm is not None
         counts = even_counts(buf.size, len(plan.local))
         lo = offsets(counts)[plan.position]
@@ -110,7 +110,7 @@ class HierarchicalTransport(Transport):
         # and over loopback (two "hosts" on one machine) the flat ring was faster.
         plan = self._plan(group, True) if self.hierarchical_allgather else None
         if plan is None:
-            return self.local.allgatherv(group, send, recv, counts)
+            return self.shm_transport.allgatherv(group, send, recv, counts)
         assert self.shm is not None
         where = {r: i for i, r in enumerate(group)}
         starts = offsets(counts)
@@ -131,42 +131,42 @@ class HierarchicalTransport(Transport):
 
     # -- the rest is the ShmTransport's -------------------------------------------------------
     def broadcast(self, group: Sequence[int], buf: np.ndarray, root: int) -> None:
-        self.local.broadcast(group, buf, root)
+        self.shm_transport.broadcast(group, buf, root)
 
     def alltoallv(self, group: Sequence[int], send: np.ndarray, send_counts: Sequence[int], recv: np.ndarray,
                   recv_counts: Sequence[int]) -> None:
-        self.local.alltoallv(group, send, send_counts, recv, recv_counts)
+        self.shm_transport.alltoallv(group, send, send_counts, recv, recv_counts)
 
     def reducescatter(self, group: Sequence[int], buf: np.ndarray, recv: np.ndarray, counts: Sequence[int],
                       op: int) -> None:
-        self.local.reducescatter(group, buf, recv, counts, op)
+        self.shm_transport.reducescatter(group, buf, recv, counts, op)
 
     def fusion_buffer(self, nbytes: int) -> np.ndarray | None:
-        return self.local.fusion_buffer(nbytes)
+        return self.shm_transport.fusion_buffer(nbytes)
 
     def exchange(self, group: Sequence[int], payload: bytes) -> list[bytes]:
-        return self.local.exchange(group, payload)
+        return self.shm_transport.exchange(group, payload)
 
     def gather(self, group: Sequence[int], payload: bytes, root: int) -> list[bytes] | None:
-        return self.local.gather(group, payload, root)
+        return self.shm_transport.gather(group, payload, root)
 
     def bcast_bytes(self, group: Sequence[int], payload: bytes | None, root: int) -> bytes:
-        return self.local.bcast_bytes(group, payload, root)
+        return self.shm_transport.bcast_bytes(group, payload, root)
 
     def has_activity(self) -> bool:
-        return self.local.has_activity()
+        return self.shm_transport.has_activity()
 
     def activity_fds(self, driver: bool) -> dict[int, bool]:
-        return self.local.activity_fds(driver)
+        return self.shm_transport.activity_fds(driver)
 
     def listen(self, driver: bool, on: bool) -> None:
-        self.local.listen(driver, on)
+        self.shm_transport.listen(driver, on)
 
     def drain(self, driver: bool) -> None:
-        self.local.drain(driver)
+        self.shm_transport.drain(driver)
 
     def set_caller_driving(self, on: bool) -> bool:
-        return self.local.set_caller_driving(on)
+        return self.shm_transport.set_caller_driving(on)
 
     def close(self) -> None:
-        self.local.close()
+        self.shm_transport.close()

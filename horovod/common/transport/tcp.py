@@ -322,7 +322,8 @@ class TcpTransport(Transport):
     def __init__(self, context: TransportContext) -> None:
         rank, size, rendezvous, settings = context.rank, context.size, context.rendezvous, context.settings
         secret_key, generation, topology = settings.secret_key, context.round, context.topology
-        rendezvous_addr, start_timeout, peer_timeout = context.store_host, settings.start_timeout, settings.peer_timeout_seconds
+        rendezvous_addr, start_timeout = context.store_host, settings.start_timeout
+        peer_timeout = settings.peer_timeout_seconds
         super().__init__(rank, size)
         self._peers: dict[int, _Peer] = {}
         self._scratch = np.empty(0, np.uint8)

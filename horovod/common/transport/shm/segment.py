@@ -11,14 +11,13 @@ import mmap
 import os
 import secrets
 import sys
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 
 from horovod.common import wire
 from horovod.common.logging import log
 from horovod.common.transport.shm.signals import HEADER_WORDS, KINDS, Bells
-from horovod.common.transport.tcp import TcpTransport
 
 SHM_DIR = "/dev/shm"
 PREFIX = "khvd-"
@@ -127,6 +126,12 @@ def shared_memory_usable() -> bool:
     return sys.platform.startswith("linux") and os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK)
 
 
+class Mesh(Protocol):
+    """What setting up the segments needs of the TCP mesh: one all-to-all exchange among members."""
+
+    def exchange(self, group: Sequence[int], payload: bytes) -> list[bytes]: ...
+
+
 class HostSegments:
     """Every local rank's segment, mapped here (`members`: the host's sorted global ranks), and our
     bells, named after our segment.
@@ -135,7 +140,7 @@ class HostSegments:
     `Unavailable` (on every member alike) when shared memory cannot be set up.
     """
 
-    def __init__(self, tcp: TcpTransport, members: Sequence[int], rank: int, fusion_bytes: int) -> None:
+    def __init__(self, mesh: Mesh, members: Sequence[int], rank: int, fusion_bytes: int) -> None:
         self.members = list(members)
         self.rank = rank
         self.me = self.members.index(rank)
@@ -153,12 +158,12 @@ class HostSegments:
         self._groups: dict[tuple[int, ...], tuple[list[int], int]] = {}
         self._closed = False
         try:
-            self._setup(tcp)
+            self._setup(mesh)
         except BaseException:
             self.close()
             raise
 
-    def _setup(self, tcp: TcpTransport) -> None:
+    def _setup(self, mesh: Mesh) -> None:
         me, layout = self.me, self.layout
         remove_stale_segments()
         info: tuple = ("", "", 0)
@@ -172,7 +177,7 @@ class HostSegments:
             info = ("ok", name, layout.fusion_bytes)
         except OSError as exc:
             info = (f"could not create a {layout.fixed >> 20} MiB segment in {SHM_DIR}: {exc}", "", 0)
-        everyone = [wire.decode(p) for p in tcp.exchange(self.members, wire.encode(info))]
+        everyone = [wire.decode(p) for p in mesh.exchange(self.members, wire.encode(info))]
         problems = [f"rank {self.members[q]}: {status}" for q, (status, _, _) in enumerate(everyone) if status != "ok"]
         if problems:
             raise Unavailable("; ".join(problems))
@@ -192,7 +197,7 @@ class HostSegments:
                     os.close(fd)
         except OSError as exc:
             status = f"could not map a peer's segment: {exc} (is {SHM_DIR} shared between them?)"
-        answers = [p.decode() for p in tcp.exchange(self.members, status.encode())]
+        answers = [p.decode() for p in mesh.exchange(self.members, status.encode())]
         # Everyone has mapped everyone (or given up): the names are no longer needed.
         self._unlink()
         problems = [f"rank {self.members[q]}: {a}" for q, a in enumerate(answers) if a != "ok"]

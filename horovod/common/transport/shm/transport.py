@@ -77,8 +77,10 @@ class ShmTransport(Transport):
         key = tuple(group)
         route = self._routes.get(key)
         if route is None:
-            local = self.shm is not None and len(key) > 1 and self._local.issuperset(key)
-            route = self._routes[key] = (self.shm, self.mailbox) if local else (self.tcp, self.tcp)  # type: ignore[assignment]
+            if self.shm is not None and self.mailbox is not None and len(key) > 1 and self._local.issuperset(key):
+                route = self._routes[key] = (self.shm, self.mailbox)
+            else:
+                route = self._routes[key] = (self.tcp, self.tcp)
         return route
 
     # -- data plane ---------------------------------------------------------------------------
