@@ -22,9 +22,9 @@ from horovod.common.settings import Settings, Topology
 if TYPE_CHECKING:
     from horovod.common.rendezvous import RendezvousClient
 
-# How long the driver spins on has_activity() before it sleeps, when the transport says spinning
-# can win (shm: a rank that sleeps takes 30-60 us to wake here, more than a whole small op).
-DRIVER_SPIN_SECONDS = 200e-6
+# BRIDGE (see Transport.wait_for_activity): how long the driver spins on has_activity() before it
+# sleeps, when the transport says spinning can win (a rank that sleeps takes 30-60 us to wake here).
+_BRIDGE_SPIN_SECONDS = 200e-6
 
 
 class PeerFailure(ConnectionError):
@@ -135,7 +135,7 @@ class Transport(ABC):
         if self.has_activity():
             return True
         if timeout != 0 and driver and self.spin_useful:  # the driver would block anyway: spin first
-            end = time.perf_counter() + (DRIVER_SPIN_SECONDS if timeout is None else min(DRIVER_SPIN_SECONDS, timeout))
+            end = time.perf_counter() + (_BRIDGE_SPIN_SECONDS if timeout is None else min(_BRIDGE_SPIN_SECONDS, timeout))
             while time.perf_counter() < end:
                 if self.has_activity():
                     return True
