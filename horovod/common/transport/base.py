@@ -135,7 +135,8 @@ class Transport(ABC):
         if self.has_activity():
             return True
         if timeout != 0 and driver and self.spin_useful:  # the driver would block anyway: spin first
-            end = time.perf_counter() + (_BRIDGE_SPIN_SECONDS if timeout is None else min(_BRIDGE_SPIN_SECONDS, timeout))
+            spin = _BRIDGE_SPIN_SECONDS if timeout is None else min(_BRIDGE_SPIN_SECONDS, timeout)
+            end = time.perf_counter() + spin
             while time.perf_counter() < end:
                 if self.has_activity():
                     return True
