@@ -18,7 +18,7 @@ from horovod.common import basics
 from horovod.common.process_sets import ProcessSet
 
 if os.environ.get("BREAK_SHM"):  # a /dev/shm we cannot use: the transport must fall back to TCP
-    import horovod.common.transport.shm as shm_module
+    import horovod.common.transport.shm.segment as shm_module
     shm_module.SHM_DIR = "/nonexistent-khorovod-test"
 n_env = int(os.environ["HOROVOD_SIZE"])
 sets = [ProcessSet([0, n_env - 1]), ProcessSet(list(range(n_env - 1)))] if n_env >= 3 else []

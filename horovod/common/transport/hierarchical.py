@@ -28,9 +28,11 @@ from typing import Sequence
 
 import numpy as np
 
+from horovod.common.algorithms.primitives import Scratch
 from horovod.common.logging import log
-from horovod.common.transport.base import TransportContext
-from horovod.common.transport.shm import ShmTransport, _even_counts, _offsets
+from horovod.common.partition import even_counts, offsets
+from horovod.common.transport.base import Transport, TransportContext
+from horovod.common.transport.shm import ShmTransport
 
 
 @dataclass(frozen=True)
@@ -42,22 +44,22 @@ class _Plan:
     crosses: tuple[tuple[int, ...], ...]  # crosses[p]: the p-th member of every host, sorted
 
 
-class HierarchicalTransport(ShmTransport):
+class HierarchicalTransport(Transport):
+    """A ShmTransport (shared memory on this host, TCP across) plus the hierarchical algorithms for
+    groups that span hosts; everything else goes to the ShmTransport as it is."""
+
     name = "hierarchical"
 
     def __init__(self, context: TransportContext) -> None:
         super().__init__(context)
+        inner = self.shm_transport = ShmTransport(context)
+        # The pieces the hierarchical algorithms use: TCP across hosts, shared memory inside.
+        self.tcp, self.shm, self.hosts, self.spin_useful = inner.tcp, inner.shm, inner.hosts, inner.spin_useful
         self.hierarchical_allreduce: bool | None = context.settings.hierarchical_allreduce
         self.hierarchical_allgather: bool | None = context.settings.hierarchical_allgather
         self._plans: dict[tuple[int, ...], _Plan | None] = {}
         self._warned: set[tuple[int, ...]] = set()
-        self._scratch = np.empty(0, np.uint8)
-
-    def _scratch_bytes(self, nbytes: int) -> np.ndarray:
-        """Reused scratch memory (fresh large arrays cost a page fault per 4 KiB on first touch)."""
-        if self._scratch.nbytes < nbytes:
-            self._scratch = np.empty(nbytes, np.uint8)
-        return self._scratch[:nbytes]
+        self._scratch = Scratch()
 
     def _plan(self, group: Sequence[int], setting: bool | None) -> _Plan | None:
         """The plan for `group` if the hierarchical algorithm should run on it, else None."""
@@ -88,10 +90,10 @@ class HierarchicalTransport(ShmTransport):
     def allreduce(self, group: Sequence[int], buf: np.ndarray, op: int) -> None:
         plan = self._plan(group, self.hierarchical_allreduce) if buf.size else None
         if plan is None:
-            return super().allreduce(group, buf, op)
+            return self.shm_transport.allreduce(group, buf, op)
         assert self.shm is not None
-        counts = _even_counts(buf.size, len(plan.local))
-        lo = _offsets(counts)[plan.position]
+        counts = even_counts(buf.size, len(plan.local))
+        lo = offsets(counts)[plan.position]
         part = buf[lo: lo + counts[plan.position]]
         self.shm.reducescatter(plan.local, buf, part, counts, op)
         if part.size:
@@ -103,20 +105,62 @@ class HierarchicalTransport(ShmTransport):
         # and over loopback (two "hosts" on one machine) the flat ring was faster.
         plan = self._plan(group, True) if self.hierarchical_allgather else None
         if plan is None:
-            return super().allgatherv(group, send, recv, counts)
+            return self.shm_transport.allgatherv(group, send, recv, counts)
         assert self.shm is not None
         where = {r: i for i, r in enumerate(group)}
-        offsets = _offsets(counts)
+        starts = offsets(counts)
         cross_counts = [[int(counts[where[r]]) for r in cross] for cross in plan.crosses]
         held = [sum(c) for c in cross_counts]
         # Scratch: the blocks of our cross group, then everyone's (grouped by cross group).
-        scratch = self._scratch_bytes((held[plan.position] + sum(held)) * recv.itemsize).view(recv.dtype)
+        scratch = self._scratch.take((held[plan.position] + sum(held)) * recv.itemsize, recv.dtype)
         mine, everything = scratch[: held[plan.position]], scratch[held[plan.position]:]
         self.tcp.allgatherv(plan.crosses[plan.position], send, mine, cross_counts[plan.position])
         self.shm.allgatherv(plan.local, mine, everything, held)
         at = 0
         for cross, sizes in zip(plan.crosses, cross_counts):
             for r, size in zip(cross, sizes):
-                start = offsets[where[r]]
+                start = starts[where[r]]
                 recv[start: start + size] = everything[at: at + size]
                 at += size
+
+    # -- the rest is the ShmTransport's -------------------------------------------------------
+    def broadcast(self, group: Sequence[int], buf: np.ndarray, root: int) -> None:
+        self.shm_transport.broadcast(group, buf, root)
+
+    def alltoallv(self, group: Sequence[int], send: np.ndarray, send_counts: Sequence[int], recv: np.ndarray,
+                  recv_counts: Sequence[int]) -> None:
+        self.shm_transport.alltoallv(group, send, send_counts, recv, recv_counts)
+
+    def reducescatter(self, group: Sequence[int], buf: np.ndarray, recv: np.ndarray, counts: Sequence[int],
+                      op: int) -> None:
+        self.shm_transport.reducescatter(group, buf, recv, counts, op)
+
+    def fusion_buffer(self, nbytes: int) -> np.ndarray | None:
+        return self.shm_transport.fusion_buffer(nbytes)
+
+    def exchange(self, group: Sequence[int], payload: bytes) -> list[bytes]:
+        return self.shm_transport.exchange(group, payload)
+
+    def gather(self, group: Sequence[int], payload: bytes, root: int) -> list[bytes] | None:
+        return self.shm_transport.gather(group, payload, root)
+
+    def bcast_bytes(self, group: Sequence[int], payload: bytes | None, root: int) -> bytes:
+        return self.shm_transport.bcast_bytes(group, payload, root)
+
+    def has_activity(self) -> bool:
+        return self.shm_transport.has_activity()
+
+    def activity_fds(self, driver: bool) -> dict[int, bool]:
+        return self.shm_transport.activity_fds(driver)
+
+    def listen(self, driver: bool, on: bool) -> None:
+        self.shm_transport.listen(driver, on)
+
+    def drain(self, driver: bool) -> None:
+        self.shm_transport.drain(driver)
+
+    def set_caller_driving(self, on: bool) -> bool:
+        return self.shm_transport.set_caller_driving(on)
+
+    def close(self) -> None:
+        self.shm_transport.close()
