@@ -29,10 +29,11 @@ SCRIPT = textwrap.dedent("""\
 
     me = int(os.environ["HOROVOD_RANK"])
     delayed = int(sys.argv[2]) if len(sys.argv) > 2 else -1
+    delay = float(sys.argv[3]) if len(sys.argv) > 3 else 1.0
 
     def leave():  # registered first, so it runs last: after hvd.shutdown() announced the exit
         if me == delayed:
-            time.sleep(1.0)
+            time.sleep(delay)
         with open(os.path.join(sys.argv[1], f"exit.{me}"), "w") as f:
             f.write(repr(time.time()))
 
@@ -47,16 +48,17 @@ SCRIPT = textwrap.dedent("""\
     """)
 
 
-def _run_once(tmp_path: Path, delayed: int | None) -> tuple[str, dict[int, float]]:
+def _run_once(tmp_path: Path, delayed: int | None, *extra: str,
+              how: str = "exit code 1") -> tuple[str, dict[int, float]]:
     script = tmp_path / "fail_on_rank_1.py"
     script.write_text(SCRIPT)
     for old in tmp_path.glob("exit.*"):
         old.unlink()
-    args = [str(tmp_path)] + ([str(delayed)] if delayed is not None else [])
+    args = [str(tmp_path)] + ([str(delayed)] if delayed is not None else []) + list(extra)
     proc = horovodrun("-np", "2", sys.executable, str(script), *args, timeout=60)
     assert proc.returncode == 1, proc.stderr
     summary = proc.stderr[proc.stderr.index("Horovod detected"):]
-    assert "rank 1 on host localhost (local rank 1): exit code 1" in summary, summary
+    assert f"rank 1 on host localhost (local rank 1): {how}" in summary, summary
     assert "Root cause, the exception rank 1 reported:" in summary, summary
     assert "ValueError: rank 1 broke on purpose" in summary, summary
     assert "HorovodInternalError" not in summary, summary  # rank 0's secondary error stays above
@@ -74,6 +76,14 @@ def test_the_failing_rank_is_named_whichever_rank_exits_first(tmp_path, delayed)
         if delayed is not None:  # the order really was forced
             other = 1 - delayed
             assert exits[other] < exits[delayed], exits
+
+
+def test_a_failing_rank_still_exiting_when_the_job_is_stopped_is_named(tmp_path):
+    # Rank 1 takes longer to exit than the others are given after the first exit (2 s): it is
+    # stopped, and still named, with what happened to it.
+    _, exits = _run_once(tmp_path, 1, "6",
+                         how="it reported an exception and was still exiting when the job was stopped")
+    assert 1 not in exits  # it was stopped in its exit hook, as promised
 
 
 def test_horovod_run_names_the_failing_rank_too():
