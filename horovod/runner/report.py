@@ -34,11 +34,11 @@ def root_cause(failed: Sequence[int], reports: Collection[str]) -> int:
     """Which failed rank to name as the first failure.
 
     `failed` lists the ranks that failed by themselves, in the order the launcher saw them exit;
-    `reports` are the keys of the store's `failures` scope. Exit order alone is a race: the rank that raised
-    may still be exiting when a peer, told that it left, has already failed and exited. So a rank
-    that recorded its own exception comes first, then one that recorded nothing (it crashed or
-    was killed), and last one whose error came after it saw peers leave (`after.<rank>`, a
-    consequence); within each, the first to exit.
+    `reports` are the keys of the store's `failures` scope. Exit order alone is a race: the rank
+    that raised may still be exiting when a peer, told that it left, has already failed and
+    exited. So a rank that recorded its own exception comes first, then one that recorded nothing
+    (it crashed or was killed), and last one whose error came after it saw peers leave
+    (`after.<rank>`, a consequence); within each, the first to exit.
     """
     def tier(rank: int) -> int:
         if f"after.{rank}" in reports:
