@@ -6,8 +6,7 @@ adding one (MPI) is one line here.
 
 from __future__ import annotations
 
-import importlib
-
+from horovod.common.lazy import load
 from horovod.common.bootstrap.base import Bootstrap, Membership
 from horovod.common.settings import Settings
 
@@ -22,8 +21,7 @@ def create(name: str) -> Bootstrap:
     if name not in _FACTORIES:
         raise ValueError(f"HOROVOD_BOOTSTRAP={name!r} is not a bootstrap; "
                          f"choose one of: {', '.join(sorted(_FACTORIES))}")
-    module, _, cls = _FACTORIES[name].partition(":")
-    return getattr(importlib.import_module(module), cls)()
+    return load(_FACTORIES[name])()
 
 
 def join(settings: Settings, previous_round: int) -> Membership:

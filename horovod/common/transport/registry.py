@@ -6,8 +6,7 @@ happen); adding a backend is one line in `_FACTORIES`.
 
 from __future__ import annotations
 
-import importlib
-
+from horovod.common.lazy import load
 from horovod.common.settings import Topology
 from horovod.common.transport.base import Transport, TransportContext
 
@@ -45,5 +44,4 @@ def create(name: str, context: TransportContext) -> Transport:
             f"HOROVOD_CPU_OPERATIONS={name!r} is not an available transport; "
             f"choose one of: auto, {', '.join(names())}"
         )
-    module, _, cls = _FACTORIES[key].partition(":")
-    return getattr(importlib.import_module(module), cls)(context)
+    return load(_FACTORIES[key])(context)
