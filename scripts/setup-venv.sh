@@ -1,12 +1,36 @@
 #!/usr/bin/env bash
-# Create (or reuse) the project's virtual environment with khorovod and every extra the
-# examples and tests use. torch is pinned to 2.13.0: an unpinned torch pulls gigabytes of CUDA.
+# Create (or reuse) the project's virtual environment with khorovod and the extras asked for
+# (default: everything the examples and tests use), then print its path as the last line.
+#   bash scripts/setup-venv.sh [EXTRAS]      e.g. torch,examples
+# torch is pinned to 2.13.0 in pyproject: an unpinned torch pulls gigabytes of CUDA.
+# What is installed is remembered in the environment (with pyproject.toml's hash), so a re-run
+# installs nothing unless an extra is new or pyproject.toml changed; the install is editable, so
+# changes to the code need no reinstall. Progress goes to stderr: stdout is only the path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
+EXTRAS=${1:-torch,tensorflow,examples,test}
+STAMP="$VENV/.khorovod-extras"
 if [ ! -x "$VENV/bin/python" ]; then
+    echo "setup-venv: creating $VENV" >&2
     python3 -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2
 fi
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[torch,tensorflow,test]"
+HASH=$(sha256sum pyproject.toml | cut -c1-16)
+missing=""
+for extra in ${EXTRAS//,/ }; do
+    grep -qxF "$HASH $extra" "$STAMP" 2>/dev/null || missing="$missing $extra"
+done
+if [ -n "$missing" ]; then
+    echo "setup-venv: installing khorovod[$EXTRAS] into $VENV (the first time takes a minute or two)..." >&2
+    LOG="$VENV/pip-install.log"
+    # One line per package as it comes (the full output is kept in $LOG, shown if pip fails).
+    if ! "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
+            -e ".[$EXTRAS]" 2>&1 | tee "$LOG" | { grep -E '^(Collecting|Installing collected)' || true; } >&2; then
+        tail -n 30 "$LOG" >&2
+        echo "setup-venv: pip failed; full output in $LOG" >&2
+        exit 1
+    fi
+    for extra in ${EXTRAS//,/ }; do echo "$HASH $extra"; done >> "$STAMP"
+fi
 echo "$VENV"

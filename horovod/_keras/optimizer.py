@@ -4,7 +4,8 @@ A wrapper in the manner of Keras' own `LossScaleOptimizer`: it is a `keras.optim
 holding the user's optimizer, reduces the gradients across ranks in `apply` and hands them
 on. Its state *is* the wrapped optimizer's (`variables`, `iterations`, `learning_rate`), plus
 the accumulators when `backward_passes_per_step > 1`. Other public attributes (`momentum`,
-`beta_1`, ...) read through to the wrapped optimizer.
+`beta_1`, ...) read through to the wrapped optimizer. Keras 2's spellings of that state work
+too (`variables()` called, `weights`, `lr`): Horovod's example scripts were written for Keras 2.
 
 Keras 3 calls `apply` from every backend's train step (TensorFlow through `apply_gradients`,
 JAX through `stateless_apply`, which runs `apply` in a stateless scope), so this one method is
@@ -24,6 +25,14 @@ from horovod.common.compression import Compressor
 from horovod.common.gradients import GradientReducer
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import OP_NAMES, Average
+
+
+class VariableList(list):
+    """The optimizer's variables: a list, as Keras 3 reads `optimizer.variables`, that also
+    answers a call, as Keras 2 scripts wrote it (`hvd.broadcast_variables(opt.variables(), 0)`)."""
+
+    def __call__(self) -> "VariableList":
+        return self
 
 
 @keras.saving.register_keras_serializable(package="horovod")
@@ -68,8 +77,23 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         return self._optimizer
 
     @property
-    def variables(self) -> list[Any]:
-        return self._optimizer.variables + list(self._hvd_variables)
+    def variables(self) -> "VariableList":
+        return VariableList(self._optimizer.variables + list(self._hvd_variables))
+
+    # -- Keras 2 spellings that Horovod-era scripts use on the optimizer we return --------------
+    @property
+    def weights(self) -> "VariableList":
+        """Keras 2's name for the optimizer's variables."""
+        return self.variables
+
+    @property
+    def lr(self) -> Any:
+        """Keras 2's name for `learning_rate`."""
+        return self.learning_rate
+
+    @lr.setter
+    def lr(self, value: Any) -> None:
+        self.learning_rate = value
 
     @property
     def iterations(self) -> Any:

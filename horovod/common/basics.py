@@ -126,24 +126,39 @@ def _install_failure_reporter() -> None:
         return
 
     def report(exc_type: type, exc: BaseException, tb: Any) -> None:
-        global _exiting_with_error
-        _exiting_with_error = True
-        report_failure("".join(traceback.format_exception(exc_type, exc, tb)))
+        record_failure(exc)
         previous(exc_type, exc, tb)
 
     report._horovod_reporter = True  # type: ignore[attr-defined]
     sys.excepthook = report
 
 
+def record_failure(exc: BaseException) -> None:
+    """This process goes down because of `exc`: record it for the launcher (`report_failure`),
+    and make `shutdown()` leave at once, telling the peers that this rank failed."""
+    global _exiting_with_error
+    _exiting_with_error = True
+    report_failure("".join(traceback.format_exception(exc)))
+
+
 def report_failure(text: str) -> None:
-    """Write `failures/<rank>` in the rendezvous store once per process (best effort)."""
+    """Write `failures/<rank>` in the rendezvous store once per process (best effort).
+
+    When this rank had already seen peers leave or die, `failures/after.<rank>` names them first:
+    its error is then most likely their consequence, and the launcher reports theirs instead,
+    whichever process exits first (docs/internals.md).
+    """
     global _failure_reported
     rt = _state.peek()
     if _failure_reported or rt is None or rt.rendezvous is None:
         return
     _failure_reported = True
+    rank = str(rt.settings.topology.rank)
+    departed = rt.engine.departed_peers()
     try:
-        rt.rendezvous.put("failures", str(rt.settings.topology.rank), text.encode("utf-8", "replace"))
+        if departed:
+            rt.rendezvous.put("failures", f"after.{rank}", ",".join(map(str, sorted(departed))).encode())
+        rt.rendezvous.put("failures", rank, text.encode("utf-8", "replace"))
     except OSError:
         pass
 

@@ -3,9 +3,10 @@
 The policy is Horovod's: the first worker to exit non-zero ends the job. The launcher records
 every exit in the store (`lost/<rank>`), so ranks still setting up fail at once naming the rank
 instead of waiting for it; gives the others a moment to notice and exit on their own (their own
-errors name the failed rank); then stops what is left (SIGTERM, then SIGKILL) and reports that
-first failure at the very end of the output, with the exception the rank recorded in the store
-(`failures/<rank>`, see docs/internals.md) or, failing that, the last lines of its stderr.
+errors name the failed rank); then stops what is left (SIGTERM, then SIGKILL) and reports the
+root cause at the very end of the output: the first failure that is not a consequence of another,
+whatever order the processes exited in (`report.root_cause`), with the exception the rank recorded
+in the store (`failures/<rank>`, see docs/internals.md) or, failing that, its stderr's last lines.
 It also enforces the start timeout: once one rank has called hvd.init(), every rank must within
 `start_timeout` seconds, or the job stops naming those that did not. A signal to the launcher
 (Ctrl-C, SIGTERM, SIGHUP) stops every worker before the launcher exits, so no process outlives
@@ -32,7 +33,7 @@ from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS
 from horovod.runner import launchers, network
 from horovod.runner.hosts import SlotInfo
 from horovod.runner.launchers import SECRET_KEY_ENV, LaunchContext, Launcher, OutputOptions, WorkerProcess
-from horovod.runner.report import JobResult, WorkerFailure, exit_status, how_it_went
+from horovod.runner.report import JobResult, WorkerFailure, exit_status, how_it_went, root_cause
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _OUTPUT_DRAIN_SECONDS = 5.0
@@ -164,6 +165,7 @@ class Job:
         workers: list[WorkerProcess] = []
         exits: queue.Queue[tuple[WorkerProcess, int]] = queue.Queue()
         failure: tuple[WorkerProcess, str | None] | None = None  # the first to fail, and why we stopped it
+        failed: list[WorkerProcess] = []  # every worker that failed by itself, in exit order
         self._say(f"rendezvous store at {self.address}:{self.port}; command: {' '.join(self.spec.command)}")
         finished = False  # every worker exited 0: nothing to stop
         with self._signal_handlers():
@@ -190,6 +192,7 @@ class Job:
                     running.discard(worker.slot.rank)
                     self._record_exit(worker, returncode)
                     if returncode != 0:
+                        failed.append(worker)
                         failure = (worker, None)
                 finished = not running and failure is None and self._signum is None
                 if failure is not None:
@@ -201,6 +204,8 @@ class Job:
                         if exited is not None:
                             running.discard(exited[0].slot.rank)
                             self._record_exit(*exited)
+                            if exited[1] != 0:
+                                failed.append(exited[0])
             except _Interrupted:
                 pass
             finally:
@@ -213,7 +218,7 @@ class Job:
                 for worker in workers:
                     worker.join_output(max(0.0, deadline - time.monotonic()))
         if failure is not None:
-            worker, reason = failure
+            worker, reason = failure if failure[1] else self._first_cause(failed, workers)
             described = dataclasses.replace(self._describe(worker, worker.returncode or 0), reason=reason)
             return JobResult(1 if reason else exit_status(described.returncode), described, self._signum)
         if self._signum is not None:
@@ -263,6 +268,21 @@ class Job:
         ranks = ", ".join(str(worker.slot.rank) for worker in missing)
         self._say(f"ranks {ranks} did not join in time; stopping the job")
         return first_join, (missing[0], f"{what}; it was stopped")
+
+    def _first_cause(self, failed: list[WorkerProcess], workers: Sequence[WorkerProcess]
+                     ) -> tuple[WorkerProcess, str | None]:
+        """The failure to report, whatever order the processes exited in (`report.root_cause`)."""
+        assert self.store is not None
+        reports = set(self.store.keys("failures"))
+        # A rank that recorded its own exception but was still exiting when the rest were stopped
+        # failed by itself too; it only lost the race to the exit.
+        exited = {worker.slot.rank for worker in failed}
+        late = [worker for worker in workers if worker.slot.rank not in exited
+                and str(worker.slot.rank) in reports and f"after.{worker.slot.rank}" not in reports]
+        candidates = {worker.slot.rank: worker for worker in failed + late}
+        chosen = candidates[root_cause(list(candidates), reports)]
+        return chosen, ("it reported an exception and was still exiting when the job was stopped"
+                        if chosen in late else None)
 
     def _describe(self, worker: WorkerProcess, returncode: int) -> WorkerFailure:
         assert self.store is not None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
+from typing import Collection, Sequence
 
 
 def describe_returncode(returncode: int) -> str:
@@ -27,6 +28,24 @@ def how_it_went(returncode: int) -> str:
 def exit_status(returncode: int) -> int:
     """The launcher's own exit status for a worker's return code (128+N for signal N, as shells do)."""
     return returncode if returncode > 0 else 128 - returncode
+
+
+def root_cause(failed: Sequence[int], reports: Collection[str]) -> int:
+    """Which failed rank to name as the first failure.
+
+    `failed` lists the ranks that failed by themselves, in the order the launcher saw them exit;
+    `reports` are the keys of the store's `failures` scope. Exit order alone is a race: the rank
+    that raised may still be exiting when a peer, told that it left, has already failed and
+    exited. So a rank that recorded its own exception comes first, then one that recorded nothing
+    (it crashed or was killed), and last one whose error came after it saw peers leave
+    (`after.<rank>`, a consequence); within each, the first to exit.
+    """
+    def tier(rank: int) -> int:
+        if f"after.{rank}" in reports:
+            return 2
+        return 0 if str(rank) in reports else 1
+
+    return min(failed, key=lambda rank: (tier(rank), failed.index(rank)))
 
 
 @dataclass(frozen=True)

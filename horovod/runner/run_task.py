@@ -11,6 +11,7 @@ import traceback
 
 import cloudpickle
 
+from horovod.common import basics
 from horovod.common.rendezvous import RendezvousClient
 from horovod.common.settings import Settings
 
@@ -34,6 +35,9 @@ def main() -> int:
         result = func(*args, **kwargs)
         client.put("runfunc_result", rank, cloudpickle.dumps(result))
     except Exception as exc:
+        # As for an uncaught exception: recorded (with the peers this rank saw leave first, when
+        # the function initialised Horovod), and shutdown at exit tells the peers this rank failed.
+        basics.record_failure(exc)
         # Keep the first report: if the engine already recorded why this rank failed, that wins.
         try:
             if rank not in client.keys("failures"):

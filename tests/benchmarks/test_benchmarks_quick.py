@@ -4,7 +4,9 @@ import json
 import subprocess
 import sys
 
-from multirank import child_env
+import pytest
+
+from multirank import REPO, child_env
 
 from horovod.benchmarks.__main__ import parse_sizes
 from horovod.benchmarks.report import bus_factor, summarize, table
@@ -42,3 +44,15 @@ def test_sizes_factors_and_table():
     assert abs(ours["busbw_GBps"] - (1 << 20) / 0.002 / 1e9) < 1e-9
     text = table("allreduce", summary["allreduce"], 2)
     assert "1 MiB" in text and "1.00x" in text  # both medians are 2 ms
+
+
+def test_torch_training_benchmark_runs_both_and_ends_identical():
+    # benchmarks/torch_training.py, shortened: khorovod and DDP take the same steps (docs/performance.md).
+    pytest.importorskip("torch")
+    script = str(REPO / "benchmarks" / "torch_training.py")
+    proc = subprocess.run([sys.executable, "-m", "horovod.runner.launch", "-np", "2", sys.executable, script,
+                           "--rounds", "2", "--steps", "2", "--warmup", "1"],
+                          capture_output=True, text=True, timeout=240, env=child_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "ratio khorovod / DDP:" in proc.stdout
+    assert "largest weight difference after training: 0.00e+00" in proc.stdout

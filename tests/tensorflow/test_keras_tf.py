@@ -166,6 +166,21 @@ def _():
             type(hvd_tf.DistributedOptimizer(keras.optimizers.Adam())).__name__]
     return out
 
+@check("keras2_spellings")
+def _():
+    # Horovod's scripts were written for Keras 2: `opt.variables()` called, `opt.lr`, `opt.weights`.
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+    model = make_model()
+    model.compile(optimizer=opt, loss=loss)
+    model.fit(shard(x, r, n, 8)[:8], shard(y, r, n, 8)[:8], batch_size=8, epochs=1, verbose=0)
+    called = opt.variables()
+    hvd_tf.broadcast_variables(opt.variables(), root_rank=0)
+    read = float(opt.lr.numpy())
+    opt.lr = 0.05
+    return [len(called), [v.path for v in called] == [v.path for v in opt.variables],
+            len(opt.weights) == len(called), read, float(opt.inner_optimizer.learning_rate.numpy()),
+            float(np.sum([np.sum(v.numpy()) for v in called]))]
+
 @check("load_model")
 def _():
     folder = tempfile.mkdtemp()
@@ -283,6 +298,14 @@ def test_optimizer_wrapper(run):
         assert got[:6] == [True, "DistributedOptimizer", "DistributedSGD", pytest.approx(0.3), 0.9, True]
         assert got[6:10] == ["ValueError"] * 4
         assert got[10:] == ["SGD", 0.9, "DistributedOptimizer"]
+
+
+def test_keras2_spellings_on_the_optimizer(run):
+    out0, out1 = both(run, "keras2_spellings")
+    for out in (out0, out1):
+        assert out[0] >= 2 and out[1:3] == [True, True]  # iterations and a momentum slot at least
+        assert out[3:5] == [pytest.approx(0.1), pytest.approx(0.05)]
+    assert out0[5] == pytest.approx(out1[5], abs=1e-6)  # broadcast from rank 0: identical everywhere
 
 
 def test_load_model(run):

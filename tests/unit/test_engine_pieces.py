@@ -193,5 +193,12 @@ class TestSetState:
         assert state.take_pending() == [] and not state.names and not state.has_pending()
 
     def test_the_shutdown_error_names_the_ranks_that_left(self):
-        message = str(ShutdownState.error({3, 1}, "allreduce.x"))
+        message = str(ShutdownState().error({3, 1}, "allreduce.x"))
         assert message.startswith("allreduce.x: rank 1, 3 has shut down")
+
+    def test_a_rank_that_left_with_an_error_is_named_as_failed(self):
+        state = ShutdownState(ranks={1, 3}, failed={3})
+        message = str(state.error({1, 3}, "allreduce.x"))
+        assert message.startswith("allreduce.x: rank 3 failed (an exception escaped its script")
+        assert not ShutdownState(requested=True).failing
+        assert ShutdownState(requested=True, wait_for_peers=False).failing

@@ -17,7 +17,7 @@ from horovod.common.engine.executor import Executor
 from horovod.common.engine.fusion import plan_fusion
 from horovod.common.engine.handles import Entry
 from horovod.common.engine.messages import CACHEABLE, OpType, Request, Response
-from horovod.common.engine.readiness import FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree
+from horovod.common.engine.readiness import FAILED, FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree
 from horovod.common.engine.state import SetState, ShutdownState
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.logging import log
@@ -100,7 +100,8 @@ class Cycle:
             if bit >= 0:
                 invalid |= 1 << bit
             misses.append(entry)
-        flags = ((SHUTDOWN if (state.set_id == 0 and self.shutdown.requested) else 0)
+        leaving = state.set_id == 0 and self.shutdown.requested
+        flags = (((SHUTDOWN | (FAILED if self.shutdown.failing else 0)) if leaving else 0)
                  | (HAS_UNCACHED if (misses or join_request) else 0)
                  | (JOINED if state.joined else 0) | (FORCE_SLOW if force else 0))
         members = state.members
@@ -108,10 +109,11 @@ class Cycle:
         ready, stale, slow_path, shut_down = agree(members, replies, cache.num_bits)
         if shut_down:
             self.shutdown.ranks.update(shut_down)
+            self.shutdown.failed.update(m for m, (f, _, _) in zip(members, replies) if f & FAILED)
         gone = self.shutdown.ranks.intersection(members)
         if gone:  # every member sees the same flags, so all of them stop this set together
             for entry in state.take_pending():
-                entry.finish(error=ShutdownState.error(gone, entry.name))
+                entry.finish(error=self.shutdown.error(gone, entry.name))
             return ""
         if stale:
             for bit in stale:

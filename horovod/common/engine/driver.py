@@ -56,6 +56,7 @@ class Driver:
         self._driver_waiter = Waiter(transport, self._driver_wake_r, driver=True)
         self._stopped = threading.Event()
         self.fatal: HorovodInternalError | None = None
+        self._dead_peer: int | None = None  # the rank whose failure ended the engine, if one did
         self._drive = threading.Lock()  # held by whichever thread runs cycles (see drive_until)
         self._finished = False  # no more cycles: the job shut down or the engine failed
         self._thread = threading.Thread(target=self._run, name="hvd-engine", daemon=True)
@@ -97,6 +98,12 @@ class Driver:
                 return
             waiting_for = sorted(set(range(self.transport.size)) - self.shutdown.ranks)
             log.warning("rank %d: waiting for ranks %s to finish and shut down", self.rank, waiting_for)
+
+    def departed_peers(self) -> set[int]:
+        """The peers this rank has seen leave the job or die: once there is one, an error of this
+        rank is most likely a consequence of theirs, not a root cause (see `basics.report_failure`)."""
+        gone = self.shutdown.ranks - {self.rank}
+        return gone | {self._dead_peer} if self._dead_peer is not None else gone
 
     # -- who runs the engine: its own thread, or a framework thread that would only wait -----
     def drive_until(self, handle: Handle) -> None:
@@ -155,6 +162,10 @@ class Driver:
         try:
             work(*args)
         except PeerFailure as exc:
+            self._dead_peer = exc.rank
+            if exc.rank in self.shutdown.failed:  # it said so before its connection closed
+                self._die(str(self.shutdown.error({exc.rank}, f"Horovod stopped on rank {self.rank}")))
+                return
             self._die(f"Horovod stopped on rank {self.rank}: {exc}. "
                       "The rank named here is the one that failed; look at its output for the cause.")
         except (KeyboardInterrupt, SystemExit) as exc:  # a caller interrupted mid-cycle: peers can't resume

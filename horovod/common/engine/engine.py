@@ -54,6 +54,12 @@ class Engine(Driver):
 
     def enqueue(self, set_id: int, entries: list[Entry]) -> None:
         """Queue entries (all of one call) atomically; ValueError on duplicate names."""
+        state = self.sets.get(set_id)
+        # Peers known to have left come first: once one has, the engine may also have died of its
+        # closed connection, and "rank 1 failed" says more than "rank 1 closed its connection".
+        gone = self.shutdown.ranks.intersection(state.members) - {self.rank} if state else set()
+        if gone:
+            raise self.shutdown.error(gone, entries[0].name)
         if self.fatal is not None:
             # A fresh error per call that names the op that cannot run (the engine may have died
             # while idle, with no op of ours in flight to name).
@@ -61,12 +67,8 @@ class Engine(Driver):
             raise HorovodInternalError(f"{name}: {self.fatal}") from self.fatal
         if self.shutdown.requested or self._stopped.is_set():
             raise HorovodInternalError("Horovod has been shut down on this rank; call hvd.init() again.")
-        state = self.sets.get(set_id)
         if state is None:
             raise ValueError(f"process set {set_id} is not registered (was it removed?)")
-        gone = self.shutdown.ranks.intersection(state.members)
-        if gone:
-            raise self.shutdown.error(gone, entries[0].name)
         with state.lock:
             for entry in entries:
                 if entry.name in state.names:

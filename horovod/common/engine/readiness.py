@@ -17,6 +17,7 @@ SHUTDOWN = 1  # this rank is leaving the job (sent in the global set's exchange 
 HAS_UNCACHED = 2  # it has requests for the coordinator: uncached tensors, or a join
 JOINED = 4  # it has joined: it submits nothing, so it never holds back a cached tensor
 FORCE_SLOW = 8  # it wants the slow path anyway (stalled work the coordinator must see)
+FAILED = 16  # with SHUTDOWN: it leaves because of an error (an exception escaped its script)
 
 
 # What every member of a set concludes from the same replies, as a plain tuple (built once per

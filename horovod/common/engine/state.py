@@ -65,10 +65,26 @@ class ShutdownState:
     wait_for_peers: bool = True  # keep serving negotiation until every rank has shut down
     announced: bool = False  # our shutdown flag reached every peer
     ranks: set[int] = field(default_factory=set)  # ranks known to have shut down
+    failed: set[int] = field(default_factory=set)  # of those, the ranks that left because of an error
 
-    @staticmethod
-    def error(gone: set[int], name: str) -> HorovodInternalError:
-        """Why a collective that needs ranks which have left can never complete."""
+    @property
+    def failing(self) -> bool:
+        """This rank leaves because of an error: it does not wait for peers, and says so."""
+        return self.requested and not self.wait_for_peers
+
+    def error(self, gone: set[int], name: str) -> HorovodInternalError:
+        """Why a collective that needs ranks which have left can never complete.
+
+        A rank that left through an uncaught exception is named as failed, so the survivors'
+        errors point at its error as the root cause instead of at a script that merely ended.
+        """
+        failed = sorted(gone & self.failed)
+        if failed:
+            who = ", ".join(map(str, failed))
+            return HorovodInternalError(
+                f"{name}: rank {who} failed (an exception escaped its script, so it left the job), so this "
+                "collective can never complete. Rank "
+                f"{who}'s error is the root cause: look at its output.")
         who = ", ".join(map(str, sorted(gone)))
         return HorovodInternalError(
             f"{name}: rank {who} has shut down (it called hvd.shutdown() or its script ended), so this "
