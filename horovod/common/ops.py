@@ -14,6 +14,7 @@ import numpy as np
 from horovod.common import basics
 from horovod.common.engine.handles import Entry, Handle
 from horovod.common.engine.messages import OpType, Request
+from horovod.common.exceptions import HorovodInternalError
 from horovod.common.partition import block_size
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Adasum, Average, Sum, check_reducible, dtype_name
@@ -202,6 +203,16 @@ def reducescatter_async(tensor: np.ndarray, name: str | None = None, op: int = A
                                   postscale_factor, process_set, False)
 
 
+def check_reducescatter_op(op: int, name: str) -> None:
+    """Only Average and Sum reduce-scatter. Adasum is refused as Horovod's core refuses it, with a
+    RuntimeError (HorovodInternalError) that scripts catch; other ops with a ValueError."""
+    if op == Adasum:
+        raise HorovodInternalError(f"reducescatter {name}: op=Adasum cannot reduce-scatter; only "
+                                   "op=Average or op=Sum are supported")
+    if op not in (Average, Sum):
+        raise ValueError(f"reducescatter {name}: only op=Average or op=Sum are supported")
+
+
 def _reducescatter_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names: list[str], op: int,
                            prescale: float, postscale: float, process_set: ProcessSet, grouped: bool) -> Handle:
     process_set.require_registered()
@@ -209,8 +220,7 @@ def _reducescatter_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], na
     me = process_set.ranks.index(rt.settings.topology.rank) if rt.settings.topology.rank in process_set.ranks else 0
 
     def prepare(i: int, tensor: np.ndarray, name: str) -> tuple[np.ndarray, dict[str, Any]]:
-        if op not in (Average, Sum):
-            raise ValueError(f"reducescatter {name}: only op=Average or op=Sum are supported")
+        check_reducescatter_op(op, name)
         _check_reduce(op, dtype_name(tensor.dtype), f"reducescatter {name}")
         if tensor.ndim == 0:
             raise ValueError(f"reducescatter {name}: cannot scatter a rank-zero tensor; reshape it to [1]")

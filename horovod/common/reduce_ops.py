@@ -82,7 +82,16 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: int) -> None:
 
 
 def scale_in_place(buf: np.ndarray, factor: float) -> None:
-    """Multiply by a double factor and store back in the element type (ints truncate toward 0)."""
+    """Multiply by `factor` and store back in the element type, in Horovod's arithmetic so results
+    are bit-identical to it: integers in float64 (then truncated toward 0), float16 and bfloat16
+    in float32 with the factor rounded to float32, float32 in float32, float64 in float64."""
     if factor == 1.0:
         return
-    np.multiply(buf, factor, out=buf, casting="unsafe")
+    if buf.dtype.kind in "iub":
+        np.multiply(buf, np.float64(factor), out=buf, casting="unsafe")
+    elif buf.dtype.itemsize == 2:  # float16 / bfloat16: never in their own precision
+        wide = buf.astype(np.float32)
+        wide *= np.float32(factor)
+        buf[...] = wide
+    else:
+        np.multiply(buf, buf.dtype.type(factor), out=buf)

@@ -185,9 +185,10 @@ def make_parser() -> argparse.ArgumentParser:
     add("--timeline-filename", metavar="FILE",
         help="Record a Chrome-trace timeline of every collective to FILE (HOROVOD_TIMELINE). "
         "Default: no timeline.")
-    add("--timeline-mark-cycles", action="store_true", default=None,
-        help="Mark each background cycle in the timeline (HOROVOD_TIMELINE_MARK_CYCLES=1); "
-        "only with --timeline-filename. Default: off.")
+    _add_switch(group, "--timeline-mark-cycles", "--no-timeline-mark-cycles",
+                "Mark each background cycle in the timeline (HOROVOD_TIMELINE_MARK_CYCLES=1); "
+                "only with --timeline-filename. Default: off.",
+                "Do not mark cycles (HOROVOD_TIMELINE_MARK_CYCLES=0), e.g. over a config file.")
 
     group = parser.add_argument_group("stall check arguments")
     add = group.add_argument
@@ -204,9 +205,9 @@ def make_parser() -> argparse.ArgumentParser:
 
     group = parser.add_argument_group("library arguments")
     add = group.add_argument
-    add("--mpi-threads-disable", action="store_true", default=None,
-        help="Ask MPI for single-threaded support only (HOROVOD_MPI_THREADS_DISABLE=1). "
-        "Default: off.")
+    _add_switch(group, "--mpi-threads-disable", "--no-mpi-threads-disable",
+                "Ask MPI for single-threaded support only (HOROVOD_MPI_THREADS_DISABLE=1). Default: off.",
+                "Let MPI use threads (HOROVOD_MPI_THREADS_DISABLE=0), e.g. over a config file.")
     add("--mpi-args", metavar="ARGS",
         help="Extra arguments for mpirun. MPI controller only; ignored with Gloo.")
     add("--tcp", dest="tcp_flag", action="store_true", default=None,
@@ -232,8 +233,9 @@ def make_parser() -> argparse.ArgumentParser:
         action="store_false", default=None,
         help="Leave the time out of Horovod's log lines (HOROVOD_LOG_HIDE_TIME=1); "
         "--log-hide-timestamp is the old spelling. Default: with time.")
-    add("--log-with-timestamp", dest="log_with_timestamp", action="store_true",
-        help="Keep the time in Horovod's log lines (HOROVOD_LOG_HIDE_TIME=0).")
+    add("--log-with-timestamp", "--no-log-hide-timestamp", dest="log_with_timestamp", action="store_true",
+        help="Keep the time in Horovod's log lines (HOROVOD_LOG_HIDE_TIME=0); "
+        "--no-log-hide-timestamp is the old spelling.")
     add("-prefix-timestamp", "--prefix-output-with-timestamp", action="store_true",
         help="Start every forwarded output line with the time it was received. Default: off.")
 

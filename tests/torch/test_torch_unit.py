@@ -150,7 +150,7 @@ def test_wrapper_is_the_users_optimizer():
     sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
     assert isinstance(opt, torch.optim.SGD) and isinstance(opt, torch.optim.Optimizer)
-    assert opt.__class__ is torch.optim.SGD and type(opt).__name__ == "_DistributedOptimizer"
+    assert opt.__class__ is torch.optim.SGD and type(opt).__name__ == "SGD"
     assert opt.param_groups is sgd.param_groups and opt.state is sgd.state and opt.defaults is sgd.defaults
     assert "SGD" in repr(opt)
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)

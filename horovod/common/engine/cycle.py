@@ -12,12 +12,13 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from horovod.common import wire
-from horovod.common.engine.coordinator import stall_message
+from horovod.common.engine.blocking import BlockedWaits
+from horovod.common.engine.coordinator import deadlock_message, stall_message
 from horovod.common.engine.executor import Executor
 from horovod.common.engine.fusion import plan_fusion
 from horovod.common.engine.handles import Entry
 from horovod.common.engine.messages import CACHEABLE, OpType, Request, Response
-from horovod.common.engine.readiness import FAILED, FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree
+from horovod.common.engine.readiness import BLOCKED, FAILED, FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree
 from horovod.common.engine.state import SetState, ShutdownState
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.logging import log
@@ -33,7 +34,8 @@ class Cycle:
     itself changes when the job adds or removes a process set."""
 
     def __init__(self, settings: Settings, transport: Transport, timeline: Timeline | None,
-                 sets: dict[int, SetState], shutdown: ShutdownState, on_fatal: Callable[[str], None]) -> None:
+                 sets: dict[int, SetState], shutdown: ShutdownState, on_fatal: Callable[[str], None],
+                 blocked: BlockedWaits) -> None:
         self.settings = settings
         self.transport = transport
         self.rank = transport.rank
@@ -42,6 +44,7 @@ class Cycle:
         self.sets = sets
         self.shutdown = shutdown
         self._on_fatal = on_fatal  # a coordinator's fatal decision (stall shutdown) ends the engine
+        self.blocked = blocked  # what this rank's threads are stuck waiting for
         self.forced = False  # the next cycle is due now and takes the slow path (stalled work)
         self.last_start = 0.0
         self.executing: list[Entry | None] = []  # failed too if the engine dies mid-operation
@@ -100,16 +103,18 @@ class Cycle:
             if bit >= 0:
                 invalid |= 1 << bit
             misses.append(entry)
+        waits = [] if stall_limit is None else self.blocked.waits(state.set_id, now)
         leaving = state.set_id == 0 and self.shutdown.requested
         flags = (((SHUTDOWN | (FAILED if self.shutdown.failing else 0)) if leaving else 0)
                  | (HAS_UNCACHED if (misses or join_request) else 0)
-                 | (JOINED if state.joined else 0) | (FORCE_SLOW if force else 0))
+                 | (JOINED if state.joined else 0) | (FORCE_SLOW if force else 0) | (BLOCKED if waits else 0))
         members = state.members
-        replies = [wire.decode(p) for p in self.transport.exchange(members, wire.encode((flags, hits, invalid)))]
+        message = (flags, hits, invalid, waits) if waits else (flags, hits, invalid)
+        replies = [wire.decode(p) for p in self.transport.exchange(members, wire.encode(message))]
         ready, stale, slow_path, shut_down = agree(members, replies, cache.num_bits)
         if shut_down:
             self.shutdown.ranks.update(shut_down)
-            self.shutdown.failed.update(m for m, (f, _, _) in zip(members, replies) if f & FAILED)
+            self.shutdown.failed.update(m for m, reply in zip(members, replies) if reply[0] & FAILED)
         gone = self.shutdown.ranks.intersection(members)
         if gone:  # every member sees the same flags, so all of them stop this set together
             for entry in state.take_pending():
@@ -143,9 +148,23 @@ class Cycle:
             responses.extend(slow)
         if fatal:
             return fatal
+        if not responses and all(reply[0] & BLOCKED for reply in replies):
+            self._fail_deadlock(state, {m: reply[3] for m, reply in zip(members, replies)})
+            return ""
         for response in plan_fusion(responses, self.settings.fusion_threshold):
             self._execute(state, response)
         return ""
+
+    def _fail_deadlock(self, state: SetState, waits: dict[int, list[str]]) -> None:
+        """Every member is stuck waiting and nothing became ready: nothing ever will. Every member
+        decides this in the same cycle from the same messages and fails all of the set's pending
+        ops, so each rank raises, and the set is clean for whatever the script does next."""
+        error = deadlock_message(state.set_id, waits)
+        log.error("%s", error)
+        if state.coordinator is not None:
+            state.coordinator.table.clear()
+        for entry in state.take_pending():
+            entry.finish(error=HorovodInternalError(error))
 
     def _slow_path(self, state: SetState, payload: bytes) -> tuple[str, list[Response]]:
         members, root = state.members, state.members[0]
