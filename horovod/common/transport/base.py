@@ -18,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
+from horovod.common.algorithms.adasum import layout_error as adasum_layout_error
 from horovod.common.rendezvous import RendezvousClient
 from horovod.common.settings import Settings, Topology
 
@@ -92,6 +93,15 @@ class Transport(ABC):
         """Reduce `buf` across the group; member i gets the i-th block (counts[i]) in `recv`.
 
         `buf` may be used as scratch space."""
+
+    def adasum(self, group: Sequence[int], buf: np.ndarray, bounds: Sequence[tuple[int, int]]) -> None:
+        """Adasum-combine `buf` across the group, in place, identical on every member; `bounds`
+        are the (start, end) of each tensor in `buf` (each gets its own coefficients)."""
+        raise NotImplementedError(f"the {self.name} transport does not implement op=Adasum")
+
+    def adasum_error(self, group: Sequence[int]) -> str | None:
+        """Why this transport cannot run Adasum over `group` (None when it can)."""
+        return adasum_layout_error(len(group))
 
     # -- control plane --------------------------------------------------------------------
     @abstractmethod
