@@ -15,7 +15,7 @@ from horovod.common.algorithms import Scratch, adasum, pairwise, ring, segment_b
 from horovod.common.partition import even_counts
 from horovod.common.reduce_ops import SUPPORTED_DTYPES, Max, Min, Product, Sum
 from horovod.common.transport.tcp.peer import PeerConnection, PeerLinks
-from tests.support import adasum_reference
+import adasum_reference
 
 
 def run_ranks(n: int, body: Callable[[PeerLinks, Scratch], object]) -> list[object]:
