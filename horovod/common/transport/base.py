@@ -63,6 +63,9 @@ class Transport(ABC):
     # True when spinning on has_activity() can beat sleeping (every local rank has a core of its
     # own): the engine's driver then spins briefly before it sleeps on activity_fds().
     spin_useful: bool = False
+    # Engine tunables (`horovod.common.engine.tunables.Tunables` field names) that are attributes
+    # of this transport: the engine sets them when autotune changes them.
+    tunable_knobs: tuple[str, ...] = ()
 
     def __init__(self, context: TransportContext) -> None:
         self.rank = context.rank

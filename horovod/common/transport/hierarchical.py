@@ -61,6 +61,8 @@ class HierarchicalTransport(Transport):
         self.tcp, self.shm, self.hosts, self.spin_useful = inner.tcp, inner.shm, inner.hosts, inner.spin_useful
         self.hierarchical_allreduce: bool | None = context.settings.hierarchical_allreduce
         self.hierarchical_allgather: bool | None = context.settings.hierarchical_allgather
+        if len(set(self.hosts)) > 1:  # on one host the switches change nothing: nothing to tune
+            self.tunable_knobs = ("hierarchical_allreduce", "hierarchical_allgather")
         self._plans: dict[tuple[int, ...], _Plan | None] = {}
         self._warned: set[tuple[int, ...]] = set()
         self._scratch = Scratch()
