@@ -104,6 +104,8 @@ class Transport(ABC):
 
     def adasum_error(self, group: Sequence[int]) -> str | None:
         """Why this transport cannot run Adasum over `group` (None when it can)."""
+        if type(self).adasum is Transport.adasum:
+            return f"the {self.name} transport does not implement op=Adasum"
         return adasum_layout_error(len(group))
 
     # -- control plane --------------------------------------------------------------------
