@@ -60,6 +60,8 @@ def check_reducible(dtype_str: str, op: int) -> None:
         raise ValueError(f"unknown reduction op {op}; use one of {', '.join(OP_NAMES.values())}")
     if dtype_str == "bool" and op in (Average, Adasum):
         raise ValueError(f"{OP_NAMES[op]} of bool tensors has no meaning; use Sum, Min, Max or Product")
+    if op == Adasum and not dtype_str.startswith(("float", "bfloat")):
+        raise ValueError(f"Adasum combines gradients by their angle and needs floating-point tensors, got {dtype_str}")
 
 
 def _bool_kernel(op: int) -> Callable[..., np.ndarray]:

@@ -65,6 +65,39 @@ class Topology:
 
 
 @dataclass(frozen=True)
+class AutotuneSettings:
+    """HOROVOD_AUTOTUNE*: whether the engine tunes its knobs, how it samples, and which knobs the
+    user pinned (set explicitly: those are never tuned)."""
+
+    enabled: bool = False
+    log_file: str | None = None
+    warmup_samples: int = 3
+    steps_per_sample: int = 10
+    bayes_opt_max_samples: int = 20
+    gaussian_process_noise: float = 0.8
+    fixed: frozenset[str] = frozenset()  # Tunables field names the user set
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "AutotuneSettings":
+        pinned = {"fusion_threshold": "HOROVOD_FUSION_THRESHOLD", "cycle_time_ms": "HOROVOD_CYCLE_TIME",
+                  "cache_enabled": "HOROVOD_CACHE_CAPACITY",
+                  "hierarchical_allreduce": "HOROVOD_HIERARCHICAL_ALLREDUCE",
+                  "hierarchical_allgather": "HOROVOD_HIERARCHICAL_ALLGATHER"}
+        noise = env_float(env, "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", 0.8)
+        if noise > 1.0:
+            raise ValueError(f"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE={noise} must be between 0 and 1")
+        return cls(
+            enabled=_flag(env, "HOROVOD_AUTOTUNE"),
+            log_file=env.get("HOROVOD_AUTOTUNE_LOG") or None,
+            warmup_samples=_int(env, "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", 3),
+            steps_per_sample=max(1, _int(env, "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", 10)),
+            bayes_opt_max_samples=max(1, _int(env, "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", 20)),
+            gaussian_process_noise=noise,
+            fixed=frozenset(name for name, var in pinned.items() if env.get(var, "").strip()),
+        )
+
+
+@dataclass(frozen=True)
 class Settings:
     # From `from_env`: the slot as the launcher's HOROVOD_* variables describe it (what the `env`
     # bootstrap uses). In the runtime's settings: the slot the bootstrap assigned for this round.
@@ -96,6 +129,7 @@ class Settings:
     # How long a peer whose host stopped answering may go unnoticed (0: the kernel's defaults).
     failure_detection_seconds: float = DEFAULT_FAILURE_DETECTION_SECONDS
     iface: str | None = None
+    autotune: AutotuneSettings = field(default_factory=AutotuneSettings)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -146,4 +180,5 @@ class Settings:
             failure_detection_seconds=env_float(env, "HOROVOD_FAILURE_DETECTION_SECONDS",
                                                 DEFAULT_FAILURE_DETECTION_SECONDS),
             iface=env.get("HOROVOD_GLOO_IFACE") or None,
+            autotune=AutotuneSettings.from_env(env),
         )

@@ -14,7 +14,7 @@
         hvd.broadcast_variables(model.variables + optimizer.variables, root_rank=0)
 
 Collectives run on the CPU through the host (`device_dense`/`device_sparse` arguments are
-accepted and ignored). Not supported: XLA (`jit_compile=True`) around a collective, Adasum.
+accepted and ignored). Not supported: XLA (`jit_compile=True`) around a collective.
 """
 
 from horovod.common import *  # noqa: F401,F403  (basics, op constants, process sets)

@@ -39,6 +39,7 @@ from horovod.common.reduce_ops import Adasum, Average
 from horovod.common.settings import Settings
 from horovod.torch.compression import Compression, Compressor
 from horovod.torch._bridge import Pending, start
+from horovod.torch.adasum_optimizer import DistributedAdasumOptimizer
 from horovod.torch.mpi_ops import sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
@@ -293,18 +294,16 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
       otherwise parameters are named by position). Names must be unique and cover every parameter.
     compression: `Compression.none`, `.fp16` or `.bf16` for the gradients on the wire.
     backward_passes_per_step: backward passes accumulated locally before each allreduce.
-    op: `Average` or `Sum` (`Adasum` is not implemented yet).
+    op: `Average`, `Sum`, or `Adasum` (the delta optimizer of `horovod.torch.adasum_optimizer`).
     gradient_predivide_factor: with Average, divide by this before the sum and by size/factor after.
     groups: an int N to reduce the parameters in N grouped allreduces, or a list of parameter lists
       (each reduced as one; parameters in no list go alone). `num_groups` is its deprecated name.
     sparse_as_dense: reduce sparse gradients as dense tensors instead of by gathering.
     """
-    if op == Adasum:
-        raise NotImplementedError(
-            "DistributedOptimizer(op=Adasum) is not implemented in khorovod yet: it needs the Adasum "
-            "reduction (its own issue) and the delta-optimizer built on it. Use op=hvd.Average.")
     if backward_passes_per_step <= 0:
         raise ValueError(f"backward_passes_per_step must be > 0, got {backward_passes_per_step}")
+    if op == Adasum:
+        return DistributedAdasumOptimizer(optimizer, compression, process_set)
     reducer = GradientReducer("DistributedOptimizer", op, gradient_predivide_factor, num_groups, groups,
                               process_set, compression)
     wrapper = _named_wrapper(type(optimizer))

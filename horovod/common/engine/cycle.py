@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from horovod.common import wire
+from horovod.common.engine.autotune import Autotuner
 from horovod.common.engine.blocking import BlockedWaits
 from horovod.common.engine.coordinator import deadlock_message, stall_message
 from horovod.common.engine.executor import Executor
@@ -20,6 +21,7 @@ from horovod.common.engine.handles import Entry
 from horovod.common.engine.messages import CACHEABLE, OpType, Request, Response
 from horovod.common.engine.readiness import BLOCKED, FAILED, FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree
 from horovod.common.engine.state import SetState, ShutdownState
+from horovod.common.engine.tunables import Tunables
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.logging import log
 from horovod.common.settings import Settings
@@ -48,6 +50,10 @@ class Cycle:
         self.forced = False  # the next cycle is due now and takes the slow path (stalled work)
         self.last_start = 0.0
         self.executing: list[Entry | None] = []  # failed too if the engine dies mid-operation
+        # The knobs in force (autotune changes them at a cycle's end, on every rank at once).
+        self.tunables = Tunables.from_settings(settings)
+        self.autotuner = (Autotuner(settings.autotune, self.tunables, transport.tunable_knobs, self.rank)
+                          if settings.autotune.enabled else None)
 
     def register_set(self, set_id: int, members: tuple[int, ...]) -> None:
         self.sets[set_id] = SetState.for_members(set_id, members, self.rank, self.settings.cache_capacity,
@@ -67,6 +73,8 @@ class Cycle:
             if fatal:
                 self._on_fatal(fatal)
                 return False
+        if self.autotuner is not None and self.autotuner.sample_closed():
+            self._sync_tunables()
         shutdown = self.shutdown
         if self.rank in shutdown.ranks:  # our flag went out in this cycle's exchange
             shutdown.announced = True
@@ -94,7 +102,7 @@ class Cycle:
         hit_bits: dict[str, int] = {}
         for name, (entry, since) in list(state.unsent.items()):
             status, bit = ("miss", -1)
-            if cache.enabled and entry.request.op_type in CACHEABLE:
+            if cache.enabled and self.tunables.cache_enabled and entry.request.op_type in CACHEABLE:
                 status, bit = cache.lookup(entry.request)
             if status == "hit" and (stall_limit is None or now - since < stall_limit):
                 hits |= 1 << bit
@@ -142,7 +150,7 @@ class Cycle:
             requests = [e.request.to_wire() for e in misses] + ([join_request.to_wire()] if join_request else [])
             fatal, slow = self._slow_path(state, wire.encode(requests))
             for response in slow:
-                if response.op_type in CACHEABLE and not response.error:
+                if response.op_type in CACHEABLE and not response.error and self.tunables.cache_enabled:
                     entry = state.waiting.get(response.names[0])
                     cache.put(response, entry.request.signature() if entry else None)
             responses.extend(slow)
@@ -151,8 +159,11 @@ class Cycle:
         if not responses and all(reply[0] & BLOCKED for reply in replies):
             self._fail_deadlock(state, {m: reply[3] for m, reply in zip(members, replies)})
             return ""
-        for response in plan_fusion(responses, self.settings.fusion_threshold):
+        tuner = self.autotuner if state.set_id == 0 else None
+        for response in plan_fusion(responses, self.tunables.fusion_threshold):
             self._execute(state, response)
+            if tuner is not None:
+                tuner.record(response)
         return ""
 
     def _fail_deadlock(self, state: SetState, waits: dict[int, list[str]]) -> None:
@@ -165,6 +176,22 @@ class Cycle:
             state.coordinator.table.clear()
         for entry in state.take_pending():
             entry.finish(error=HorovodInternalError(error))
+
+    def _sync_tunables(self) -> None:
+        """A sample closed (on every rank, this cycle): rank 0 decides, everyone applies."""
+        tuner = self.autotuner
+        assert tuner is not None
+        payload = None
+        if self.rank == 0:
+            active, knobs = tuner.decide()
+            payload = (b"1" if active else b"0") + knobs.to_wire()
+        else:
+            tuner.reset_sample()
+        data = self.transport.bcast_bytes(self.sets[0].members, payload, 0)
+        self.tunables = Tunables.from_wire(data[1:])
+        self.tunables.apply_to(self.transport)
+        if data[:1] == b"0":
+            self.autotuner = None
 
     def _slow_path(self, state: SetState, payload: bytes) -> tuple[str, list[Response]]:
         members, root = state.members, state.members[0]

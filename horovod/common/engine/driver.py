@@ -214,12 +214,12 @@ class Driver:
         to one cycle time so they can be fused."""
         return self._has_new_work() and (
             not self._busy() or self.shutdown.requested
-            or time.monotonic() >= self.cycle.last_start + self.settings.cycle_time_ms / 1000.0)
+            or time.monotonic() >= self.cycle.last_start + self.cycle.tunables.cycle_time_ms / 1000.0)
 
     def _idle_timeout(self) -> float | None:
         """How long the engine may wait for peers before it has something to do itself."""
         if self._has_new_work():
-            return max(0.0, self.cycle.last_start + self.settings.cycle_time_ms / 1000.0 - time.monotonic())
+            return max(0.0, self.cycle.last_start + self.cycle.tunables.cycle_time_ms / 1000.0 - time.monotonic())
         return _TICK_SECONDS if any(s.has_pending() for s in self.sets.values()) else None
 
     def _run_cycle(self) -> None:
