@@ -4,15 +4,18 @@
 wraps: `init` is the wrapped one's, and `update` first reduces the gradient pytree across ranks
 (one request per step, negotiated together and fused; as a host callback when the step is
 jitted) with the options of `horovod.common.gradients.GradientReducer`, then calls the wrapped
-`update`. With `backward_passes_per_step=k` the wrapper sits inside `optax.MultiSteps`: the
-gradients of k calls are averaged locally, and only every k-th call reduces and updates.
+`update`. With `backward_passes_per_step=k` the gradients of k calls are summed locally and
+only every k-th call reduces their mean and updates (the other calls return zero updates).
+That call runs in one branch of a `lax.cond`, so the collective runs only when it is taken; not
+`optax.MultiSteps`, which evaluates the wrapped update (and so the allreduce) on every call.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -43,6 +46,39 @@ def allreduce_gradients(reducer: GradientReducer, grads: Any) -> Any:
     return jax.tree_util.tree_unflatten(tree, reduced)
 
 
+class AccumulationState(NamedTuple):
+    """The gradients summed over the calls of the current step, and the wrapped optimizer's state."""
+
+    mini_step: Any
+    summed: Any
+    inner: Any
+
+
+def _accumulating(optimizer: optax.GradientTransformation, passes: int) -> optax.GradientTransformation:
+    """`optimizer` updating every `passes`-th call, with the mean of those calls' gradients."""
+
+    def init(params: Any) -> AccumulationState:
+        return AccumulationState(jnp.zeros([], jnp.int32), jax.tree_util.tree_map(jnp.zeros_like, params),
+                                 optimizer.init(params))
+
+    def update(grads: Any, state: AccumulationState, params: Any = None) -> tuple[Any, AccumulationState]:
+        summed = jax.tree_util.tree_map(jnp.add, state.summed, grads)
+
+        def step(_: None) -> tuple[Any, AccumulationState]:
+            mean = jax.tree_util.tree_map(lambda g: (g / passes).astype(g.dtype), summed)
+            updates, inner = optimizer.update(mean, state.inner, params)
+            return updates, AccumulationState(jnp.zeros([], jnp.int32),
+                                              jax.tree_util.tree_map(jnp.zeros_like, summed), inner)
+
+        def accumulate(_: None) -> tuple[Any, AccumulationState]:
+            return (jax.tree_util.tree_map(jnp.zeros_like, grads),
+                    AccumulationState(state.mini_step + 1, summed, state.inner))
+
+        return jax.lax.cond(state.mini_step == passes - 1, step, accumulate, None)
+
+    return optax.GradientTransformation(init, update)
+
+
 def DistributedOptimizer(optimizer: optax.GradientTransformation, name: str | None = None,
                          compression: type[Compressor] = Compression.none, backward_passes_per_step: int = 1,
                          op: int = Average, gradient_predivide_factor: float = 1.0, groups: int | None = None,
@@ -66,4 +102,4 @@ def DistributedOptimizer(optimizer: optax.GradientTransformation, name: str | No
     wrapped = optax.GradientTransformation(optimizer.init, update)
     if backward_passes_per_step == 1:
         return wrapped
-    return optax.MultiSteps(wrapped, every_k_schedule=backward_passes_per_step).gradient_transformation()
+    return _accumulating(wrapped, backward_passes_per_step)
