@@ -8,5 +8,5 @@ if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[torch,tensorflow,test]"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[torch,tensorflow,jax,test]"
 echo "$VENV"

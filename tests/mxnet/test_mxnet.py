@@ -141,3 +141,26 @@ def test_gluon_training_on_two_ranks_equals_one_process(mxnet_python):
         exact = {k: v for k, v in got.items() if k != "fp16"}
         assert len(exact) == 10 and all(v < 1e-12 for v in exact.values()), (rank, got)
         assert 0 < got["fp16"] < 2e-3, (rank, got)
+
+
+def test_digits_example_converges(mxnet_python):
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("sklearn")
+    import sklearn
+
+    from multirank import REPO, child_env
+
+    digits = Path(sklearn.__file__).parent / "datasets" / "data" / "digits.csv.gz"
+    command = [sys.executable, "-m", "horovod.runner.launch", "-np", "2", mxnet_python,
+               str(REPO / "examples" / "mxnet" / "mxnet_digits.py"), "--data", str(digits), "--epochs", "5"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=180, env=child_env(), cwd=REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[1]<stdout>" not in proc.stdout
+    losses = [float(v) for v in re.findall(r"\[0\]<stdout>:epoch +\d+  loss ([\d.]+)", proc.stdout)]
+    assert len(losses) == 2 and losses[-1] < losses[0], proc.stdout
+    accuracy = float(re.search(r"final test accuracy ([\d.]+)%", proc.stdout).group(1))
+    assert accuracy > 90.0 and "all ranks hold the same model: True" in proc.stdout, proc.stdout
