@@ -42,7 +42,16 @@ from horovod.jax.mpi_ops import (
     reducescatter_async,
     synchronize,
 )
-from horovod.jax.optimizer import DistributedOptimizer
+
+
+def __getattr__(name: str) -> object:
+    # optax is needed by the optimizer wrapper only: `horovod.keras` on the jax backend imports this
+    # package (for its bridge) where optax may not be installed.
+    if name == "DistributedOptimizer":
+        from horovod.jax.optimizer import DistributedOptimizer
+
+        return DistributedOptimizer
+    raise AttributeError(f"module 'horovod.jax' has no attribute '{name}'")
 
 __all__ = sorted(set(_common_all) | {
     "Compression", "DistributedOptimizer", "allgather", "allgather_async", "allgather_object", "allreduce",

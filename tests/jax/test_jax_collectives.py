@@ -61,7 +61,7 @@ report(**ok)
 '''
 
 
-@pytest.mark.parametrize("np", [2, 3])
+@pytest.mark.parametrize("np", [3])  # 2 ranks: the training tests; 3 makes reducescatter's blocks uneven
 def test_collectives_exact_eager_and_jit(np):
     result = hvdrun(COLLECTIVES, np=np, timeout=180).check()
     for rank in range(np):
