@@ -10,7 +10,7 @@ travel as one grouped request (negotiated together, fused) and come back in the 
 
 Inside `jit` an output's shape must be known when tracing: allgather assumes every rank has the
 same dim 0 and alltoall equal splits (checked when the callback runs, with a clear error);
-outside `jit` both take any sizes. `_async` forms, `join` and `barrier` run outside `jit`.
+outside `jit` both take any sizes. `_async` forms run outside `jit` only.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import io_callback
 
 from horovod.common import basics, collective_rules, ops
 from horovod.common.gradients import resolve_op
@@ -322,12 +323,19 @@ def synchronize(handle: Pending) -> Any:
 
 
 # -- control ------------------------------------------------------------------------------------------
-def join(process_set: ProcessSet = global_process_set) -> int:
+def _control(run: Callable[[], int]) -> Any:
+    """`run()` through an ordered callback: now outside `jit`, in program order inside it (a
+    control op has no array argument that would show whether it is being traced)."""
+    result = io_callback(lambda: np.int32(run()), Spec((), jnp.int32), ordered=True)
+    return result if isinstance(result, jax.core.Tracer) else int(result)
+
+
+def join(process_set: ProcessSet = global_process_set) -> Any:
     """This rank has no more data: it contributes zeros to allreduces until every rank joined.
-    Returns the global rank that joined last."""
-    return ops.run_now(lambda: ops.join_async(process_set))
+    Returns the global rank that joined last (a traced int32 inside `jit`)."""
+    return _control(lambda: ops.run_now(lambda: ops.join_async(process_set)))
 
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
-    """Wait until every member of the set reached this call."""
-    ops.run_now(lambda: ops.barrier_async(process_set))
+    """Wait until every member of the set reached this call (eagerly, or in program order inside `jit`)."""
+    _control(lambda: ops.run_now(lambda: ops.barrier_async(process_set)) or 0)

@@ -56,7 +56,9 @@ ok["objects"] = hvd.broadcast_object({"from": r}, root_rank=1) == {"from": 1} an
 params = hvd.broadcast_parameters({"w": x, "b": jnp.full(2, r)}, root_rank=0)
 ok["broadcast_parameters"] = np.array_equal(params["w"], x - r) and np.array_equal(params["b"], np.zeros(2))
 hvd.barrier()
+ok["barrier_in_jit"] = np.array_equal(jax.jit(lambda v: (hvd.barrier(), v + 1)[1])(x), x + 1)
 ok["join"] = hvd.join() in range(n)
+ok["join_in_jit"] = int(jax.jit(lambda: hvd.join())()) in range(n)
 report(**ok)
 '''
 
@@ -66,7 +68,7 @@ def test_collectives_exact_eager_and_jit(np):
     result = hvdrun(COLLECTIVES, np=np, timeout=180).check()
     for rank in range(np):
         got = result.ranks[rank]
-        assert len(got) == 2 * 13 + 7 and all(got.values()), (rank, got)
+        assert len(got) == 2 * 13 + 9 and all(got.values()), (rank, got)
 
 
 GRADIENTS = r'''

@@ -9,8 +9,9 @@ COLLECTIVES = r'''
 import mxnet as mx, numpy as np
 import horovod.mxnet as hvd
 
-hvd.init()
+hvd.init(process_sets="dynamic")
 r, n = hvd.rank(), hvd.size()
+first_two = hvd.add_process_set(hvd.ProcessSet([0, 1])) if n > 2 else hvd.global_process_set
 x = mx.nd.array(np.arange(6.0).reshape(3, 2) + r)
 total = sum(np.arange(6.0).reshape(3, 2) + k for k in range(n))
 ok = {}
@@ -51,6 +52,11 @@ hvd.broadcast_parameters(params, root_rank=1)
 ok["broadcast_parameters"] = np.array_equal(params["a"].asnumpy(), np.full(3, 11)) and np.array_equal(params["b"].asnumpy(), [1, 1])
 compressed, ctx = hvd.Compression.fp16.compress(x)
 ok["fp16"] = compressed.dtype == np.float16 and hvd.Compression.fp16.decompress(compressed, ctx).dtype == np.float32
+if r in (0, 1):
+    ok["process_set"] = (np.array_equal(hvd.allreduce(x, op=hvd.Sum, process_set=first_two).asnumpy(), 2 * x.asnumpy() - 2 * r + 1)
+                         and hvd.allgather(mx.nd.array([r]), process_set=first_two).shape == (2,))
+else:
+    ok["process_set"] = True
 errors = {}
 for label, call in {"dtype": lambda: hvd.allreduce(mx.nd.ones((2, 2)).tostype("csr")),
                     "root": lambda: hvd.broadcast(x, root_rank=9),
@@ -71,7 +77,7 @@ def test_collectives_exact(mxnet_python, np):
     result = hvdrun(COLLECTIVES, np=np, timeout=180, python=mxnet_python).check()
     for rank in range(np):
         ok, errors = result.ranks[rank]["ok"], result.ranks[rank]["errors"]
-        assert len(ok) == 21 and all(ok.values()), (rank, ok)
+        assert len(ok) == 22 and all(ok.values()), (rank, ok)
         assert "csr NDArrays are not supported" in errors["dtype"], errors
         assert "root_rank 9 is not a member" in errors["root"], errors
         assert "expected an mx.nd.NDArray" in errors["not_ndarray"], errors
