@@ -69,7 +69,7 @@ def _connect(settings: Settings, membership: bootstrap.Membership,
     try:
         transport = create_transport(settings.cpu_operations, TransportContext(
             topo, settings, membership.rendezvous, membership.round, membership.communicator))
-        sets = register_static(process_sets, topo.size)
+        sets = register_static(process_sets, topo.size, membership.communicator)
         check_static_sets_agree(transport, sets)
     except BaseException as exc:
         # Nothing of a failed init may linger: no connection, no thread, no shared memory.

@@ -94,11 +94,21 @@ def job_communicator(comm: Any) -> Any:
     return world.Create_group(world.group.Incl(ranks))
 
 
-def translate_ranks(comm: Any, into: Any) -> list[int]:
-    """The ranks, in communicator `into`, of every member of `comm`; ValueError for outsiders."""
-    ranks = comm.group.Translate_ranks(list(range(comm.size)), into.group)
+def process_set_ranks(comm: Any, job: Any) -> list[int]:
+    """The job ranks of `ProcessSet(comm)`'s members, agreed by every rank of `job` (collective).
+
+    Members translate their communicator's ranks; ranks outside it pass MPI_COMM_NULL and learn
+    the members from them. ValueError on every rank when the ranks describe different sets."""
     MPI = load()
-    if any(r == MPI.UNDEFINED for r in ranks):
-        raise ValueError("the communicator holds processes that are not part of this Horovod job")
-    return sorted(ranks)
+    mine: list[int] = []
+    if comm != MPI.COMM_NULL:
+        mine = sorted(comm.group.Translate_ranks(list(range(comm.size)), job.group))
+        if any(r == MPI.UNDEFINED for r in mine):
+            mine = [-1]  # holds processes outside the job: every rank reports it below
+    views = {tuple(view) for view in job.allgather(mine) if view}
+    if len(views) != 1 or (-1,) in views:
+        raise ValueError(
+            "ProcessSet(comm): every rank must pass a communicator over the same processes of this job "
+            f"(MPI_COMM_NULL outside it), one ProcessSet per communicator; the ranks saw {sorted(views)}")
+    return list(views.pop())
 
