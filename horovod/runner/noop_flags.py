@@ -41,8 +41,8 @@ NOOP_FLAGS: tuple[NoopFlag, ...] = (
     NoopFlag("autotune_steps_per_sample", "--autotune-steps-per-sample", _NO_AUTOTUNE),
     NoopFlag("autotune_bayes_opt_max_samples", "--autotune-bayes-opt-max-samples", _NO_AUTOTUNE),
     NoopFlag("autotune_gaussian_process_noise", "--autotune-gaussian-process-noise", _NO_AUTOTUNE),
-    NoopFlag("mpi_threads_disable", "--mpi-threads-disable", "there is no MPI controller"),
-    NoopFlag("tcp_flag", "--tcp", "there is no InfiniBand path to turn off; traffic is TCP already"),
+    NoopFlag("mpi_threads_disable", "--mpi-threads-disable",
+             "the MPI path always needs MPI_THREAD_MULTIPLE (the engine calls MPI from two threads)"),
     NoopFlag("num_nccl_streams", "--num-nccl-streams", _NO_NCCL),
     NoopFlag("thread_affinity", "--thread-affinity", "the background thread is not pinned to a core"),
 )

@@ -15,7 +15,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from multirank import RunResult, child_env
+from multirank import REPO, RunResult, child_env  # noqa: F401 (REPO for tests)
 
 BIN = Path(sys.executable).parent
 MPIRUN = BIN / "mpirun"
