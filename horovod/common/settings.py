@@ -54,13 +54,14 @@ def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
 def detect_bootstrap(env: Mapping[str, str]) -> str:
     """Who started this process, when HOROVOD_BOOTSTRAP does not say: our launcher ("env", its
     HOROVOD_RANK), mpirun/mpiexec ("mpi": Open MPI's OMPI_COMM_WORLD_*, MPICH's and PMIx's PMI_*),
-    or Slurm's srun ("slurm": SLURM_PROCID of a job step). Job scripts then need no change."""
+    or Slurm's srun (a job step's SLURM_PROCID: "mpi" too, srun's PMIx plugin serves MPI the job).
+    Job scripts then need no change."""
     if env.get("HOROVOD_RANK", "").strip():
         return "env"
     if any(env.get(name) for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")):
         return "mpi"
     if env.get("SLURM_PROCID") and env.get("SLURM_STEP_ID") and env.get("SLURM_NTASKS"):
-        return "slurm"
+        return "mpi"
     return "env"
 
 
@@ -84,7 +85,7 @@ class Settings:
     topology: Topology = field(default_factory=Topology)
     # Who assigns this process its slot (`horovod.common.bootstrap`): "env", our launcher's
     # variables; "store", the round plan the launcher side publishes in the rendezvous store;
-    # "mpi" and "slurm", the job's MPI library or Slurm step (`detect_bootstrap`).
+    # "mpi", the MPI library of a job mpirun or srun started (`detect_bootstrap`).
     bootstrap: str = "env"
     rendezvous_addr: str | None = None
     rendezvous_port: int | None = None
@@ -110,6 +111,8 @@ class Settings:
     # How long a peer whose host stopped answering may go unnoticed (0: the kernel's defaults).
     failure_detection_seconds: float = DEFAULT_FAILURE_DETECTION_SECONDS
     iface: str | None = None
+    # Tasks of the Slurm job step this process belongs to (SLURM_NTASKS; 0 outside srun).
+    slurm_tasks: int = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -160,4 +163,5 @@ class Settings:
             failure_detection_seconds=env_float(env, "HOROVOD_FAILURE_DETECTION_SECONDS",
                                                 DEFAULT_FAILURE_DETECTION_SECONDS),
             iface=env.get("HOROVOD_GLOO_IFACE") or None,
+            slurm_tasks=_int(env, "SLURM_NTASKS", 0) if env.get("SLURM_STEP_ID") else 0,
         )

@@ -44,11 +44,11 @@ def run_command(argv: list[str], env: dict[str, str] | None = None, timeout: flo
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 15)
+            _signal_group(proc.pid, 15)
             try:
                 proc.communicate(timeout=15)
             finally:
-                os.killpg(proc.pid, 9)
+                _signal_group(proc.pid, 9)
             raise
     result = RunResult(proc.returncode, stdout, stderr)
     for line in stdout.splitlines():
@@ -56,6 +56,13 @@ def run_command(argv: list[str], env: dict[str, str] | None = None, timeout: flo
             values = json.loads(line[line.index("RESULT:") + len("RESULT:"):])
             result.ranks.setdefault(values["rank"], {}).update(values)
     return result
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 def mpirun(code: str, np: int = 2, args: list[str] | None = None, env: dict[str, str] | None = None,

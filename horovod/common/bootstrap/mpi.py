@@ -21,6 +21,9 @@ class MpiBootstrap:
 
     def join(self, settings: Settings, previous_round: int, comm: Any = None) -> Membership:
         MPI = mpi_library.load()
+        if settings.slurm_tasks > MPI.COMM_WORLD.size:
+            raise ValueError(f"srun started {settings.slurm_tasks} tasks but MPI sees {MPI.COMM_WORLD.size}: "
+                             "run srun with --mpi=pmix (or set MpiDefault=pmix in slurm.conf)")
         job = mpi_library.job_communicator(comm)
         if job is None:
             raise ValueError(f"MPI_COMM_WORLD rank {MPI.COMM_WORLD.rank} is not part of the job that "
