@@ -8,5 +8,7 @@ if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[torch,tensorflow,test]"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[torch,tensorflow,test,mpi]"
+# Slurm (for tests/slurm) comes from the system's packages; only root can install them.
+bash scripts/setup-slurm.sh
 echo "$VENV"

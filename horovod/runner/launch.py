@@ -19,7 +19,7 @@ from horovod.common import logging as hvd_logging
 from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS, env_float
 from horovod.runner import check_build, config_file, env_builder, noop_flags
 from horovod.runner.flags import ELASTIC_DESTS, make_parser
-from horovod.runner.hosts import HostInfo, get_host_assignments, parse_hostfile, parse_hosts
+from horovod.runner.hosts import HostInfo, get_host_assignments, parse_hostfile, parse_hosts, slurm_allocation
 from horovod.runner.job import Job, JobSpec
 from horovod.runner.launchers import OutputOptions, mpirun
 from horovod.runner.report import JobResult, format_result
@@ -85,12 +85,13 @@ def validate(args: argparse.Namespace) -> None:
 
 
 def host_list(args: argparse.Namespace) -> list[HostInfo]:
-    """The hosts of the job: -H, else --hostfile, else this machine with -np slots."""
+    """The hosts of the job: -H, else --hostfile, else the Slurm allocation we run in, else this
+    machine with -np slots."""
     if args.hosts:
         return parse_hosts(args.hosts)
     if args.hostfile:
         return parse_hostfile(args.hostfile)
-    return [HostInfo("localhost", args.num_proc)]
+    return slurm_allocation(os.environ) or [HostInfo("localhost", args.num_proc)]
 
 
 def plan_job(args: argparse.Namespace, command: Sequence[str]) -> JobSpec:

@@ -74,6 +74,8 @@ def slurm() -> dict[str, str]:
                                                    text=True).stdout, 30, "the Slurm node did not become idle")
         yield {"SLURM_CONF": str(conf)}
     finally:
+        if len(daemons) > 1:  # slurmctld started: a failed test may have left jobs in it
+            _cancel_jobs(env)
         for proc in reversed(daemons):
             proc.terminate()
         for proc in reversed(daemons):
@@ -83,6 +85,16 @@ def slurm() -> dict[str, str]:
                 proc.kill()
                 proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _cancel_jobs(env: dict[str, str]) -> None:
+    """Cancel what a failed test left running in this cluster (SLURM_CONF names ours alone)."""
+    subprocess.run(["scancel", "--full", "--user", "root"], env=env, capture_output=True, timeout=30)
+    try:
+        _wait_for(lambda: not subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True,
+                                             timeout=10).stdout.strip(), 20, "jobs did not end")
+    except RuntimeError:
+        pass  # stopping slurmd below ends their steps anyway
 
 
 def _wait_for(condition, timeout: float, message: str) -> None:

@@ -35,3 +35,13 @@ def test_the_pytorch_example_runs_unchanged_under_srun(slurm):
                           "--epochs", "2"], env=slurm, timeout=180, cwd=str(REPO))
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("final test accuracy") == 1
+
+
+def test_horovodrun_inside_an_allocation_uses_its_hosts(slurm):
+    import socket
+
+    probe = "import os, horovod.numpy as hvd; hvd.init(); print('RESULT', hvd.rank(), os.environ['HOROVOD_HOSTNAME'])"
+    result = run_command(["salloc", "-n", "2", sys.executable, "-m", "horovod.runner.launch", "-np", "2",
+                          sys.executable, "-c", probe], env=slurm, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(re.findall(r"RESULT (.*)", result.stdout)) == [f"{r} {socket.gethostname()}" for r in range(2)]
