@@ -30,6 +30,7 @@ from horovod.common.transport.base import PeerFailure, Transport, TransportConte
 
 _CONTROL_TAG = 7
 _POLL_MIN, _POLL_MAX = 50e-6, 2e-3
+_SPIN_SECONDS = 0.01
 
 
 class _Doorbell:
@@ -188,14 +189,16 @@ class MpiTransport(Transport):
         """The next control message from `rank`; PeerFailure when it stays silent too long."""
         MPI = self._MPI
         status = MPI.Status()
-        deadline = time.monotonic() + self._timeout
+        start = time.monotonic()
         pause = 0.0
         while not self._control.Iprobe(source=rank, tag=_CONTROL_TAG, status=status):
-            if time.monotonic() > deadline:
+            waited = time.monotonic() - start
+            if waited > self._timeout:
                 raise PeerFailure(rank, f"sent nothing for {self._timeout:g} s during negotiation "
                                         "(HOROVOD_GLOO_TIMEOUT_SECONDS); it looks hung")
-            time.sleep(pause)
-            pause = min(pause * 2 or 1e-6, _POLL_MAX)
+            if waited > _SPIN_SECONDS:  # spinning, as MPI itself waits, beats a sleep's wake-up
+                time.sleep(pause)
+                pause = min(pause * 2 or _POLL_MIN, _POLL_MAX)
         data = bytearray(status.Get_count(MPI.BYTE))
         self._control.Recv([data, MPI.BYTE], source=rank, tag=_CONTROL_TAG)
         return bytes(data)
