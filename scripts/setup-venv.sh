@@ -11,4 +11,10 @@ fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[torch,tensorflow,test,mpi]"
 # Slurm (for tests/slurm) comes from the system's packages; only root can install them.
 bash scripts/setup-slurm.sh
+# MPICH's wheel conflicts with Open MPI's in one environment: tests/mpi run it from its own,
+# beside this one (numpy and khorovod only).
+if [ ! -x "$VENV-mpich/bin/python" ]; then
+    "$VENV/bin/python" -m venv "$VENV-mpich"
+fi
+"$VENV-mpich/bin/python" -m pip install -q --disable-pip-version-check mpich "mpi4py>=4" numpy -e . >&2
 echo "$VENV"

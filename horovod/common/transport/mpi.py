@@ -196,7 +196,9 @@ class MpiTransport(Transport):
             if waited > self._timeout:
                 raise PeerFailure(rank, f"sent nothing for {self._timeout:g} s during negotiation "
                                         "(HOROVOD_GLOO_TIMEOUT_SECONDS); it looks hung")
-            if waited > _SPIN_SECONDS:  # spinning, as MPI itself waits, beats a sleep's wake-up
+            if waited < _SPIN_SECONDS:  # spin, as MPI itself waits: a sleep's wake-up costs more than
+                os.sched_yield()        # a small op; yielding keeps oversubscribed ranks moving
+            else:
                 time.sleep(pause)
                 pause = min(pause * 2 or _POLL_MIN, _POLL_MAX)
         data = bytearray(status.Get_count(MPI.BYTE))
