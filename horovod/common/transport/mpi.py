@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -34,12 +34,18 @@ _SPIN_SECONDS = 0.01
 
 
 class _Doorbell:
-    """A thread that rings a sleeper's pipe when a control message arrives while it listens."""
+    """A thread that rings a sleeper's pipe when a control message arrives while it listens.
 
-    def __init__(self, probe: Any) -> None:
-        self._probe = probe  # () -> bool: a control message is waiting
+    Each sleeper is rung at most once per time it listens: `_unrung` holds the sleepers that
+    listen and have not been rung yet, so one that starts listening while the other was just rung
+    is still served."""
+
+    def __init__(self, probe: Callable[[], bool]) -> None:
+        self._probe = probe  # a control message is waiting
         self._pipes = {driver: os.pipe() for driver in (False, True)}
-        self._listening: set[bool] = set()
+        for read_end, _ in self._pipes.values():
+            os.set_blocking(read_end, False)
+        self._unrung: set[bool] = set()
         self._changed = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="hvd-mpi-doorbell", daemon=True)
@@ -50,12 +56,11 @@ class _Doorbell:
 
     def listen(self, driver: bool, on: bool) -> None:
         with self._changed:
-            (self._listening.add if on else self._listening.discard)(driver)
+            (self._unrung.add if on else self._unrung.discard)(driver)
             self._changed.notify()
 
     def drain(self, driver: bool) -> None:
         try:
-            os.set_blocking(self.fd(driver), False)
             while os.read(self.fd(driver), 64):
                 pass
         except BlockingIOError:
@@ -65,18 +70,17 @@ class _Doorbell:
         pause = _POLL_MIN
         while True:
             with self._changed:
-                while not self._listening and not self._closed:
+                while not self._unrung and not self._closed:
                     self._changed.wait()
                     pause = _POLL_MIN
                 if self._closed:
                     return
-                listeners = set(self._listening)
+                listeners = set(self._unrung)
             if self._probe():
-                for driver in listeners:
-                    os.write(self._pipes[driver][1], b"!")
-                with self._changed:  # rung once: wait until the sleepers stop listening
-                    while self._listening and not self._closed:
-                        self._changed.wait()
+                with self._changed:
+                    for driver in listeners & self._unrung:
+                        os.write(self._pipes[driver][1], b"!")
+                        self._unrung.discard(driver)
                 continue
             time.sleep(pause)
             pause = min(pause * 2, _POLL_MAX)
@@ -86,9 +90,9 @@ class _Doorbell:
             self._closed = True
             self._changed.notify()
         self._thread.join()
-        for r, w in self._pipes.values():
-            os.close(r)
-            os.close(w)
+        for read_end, write_end in self._pipes.values():
+            os.close(read_end)
+            os.close(write_end)
 
 
 class MpiTransport(Transport):
