@@ -211,8 +211,8 @@ def make_parser() -> argparse.ArgumentParser:
     add("--mpi-args", metavar="ARGS",
         help="Extra arguments for mpirun. MPI controller only; ignored with Gloo.")
     add("--tcp", dest="tcp_flag", action="store_true", default=None,
-        help="Use TCP only between hosts, never InfiniBand (sets NCCL_IB_DISABLE=1). "
-        "Default: off.")
+        help="Use TCP only, never InfiniBand: sets NCCL_IB_DISABLE=1 and, with --mpi, makes Open MPI "
+        "use TCP alone (--mca btl tcp,self). Default: off.")
     add("--binding-args", metavar="ARGS",
         help="Process binding arguments for mpirun. MPI controller only; ignored with Gloo.")
     add("--num-nccl-streams", type=int, metavar="N",
@@ -258,11 +258,11 @@ def make_parser() -> argparse.ArgumentParser:
     controllers = group.add_mutually_exclusive_group()
     controllers.add_argument(
         "--gloo", dest="use_gloo", action="store_true", default=None,
-        help="Coordinate the workers with our built-in Gloo-style controller (the default "
-        "and, for now, the only one).")
+        help="Start the workers with our own launcher and rendezvous (the default).")
     controllers.add_argument(
         "--mpi", dest="use_mpi", action="store_true", default=None,
-        help="Launch through mpirun instead (not available yet).")
+        help="Launch the job through mpirun (Open MPI, MPICH or Intel MPI, detected); ranks "
+        "meet and, unless HOROVOD_CPU_OPERATIONS says otherwise, exchange data through MPI.")
     controllers.add_argument(
         "--jsrun", dest="use_jsrun", action="store_true", default=None,
         help="Launch through IBM jsrun on LSF clusters (not available).")

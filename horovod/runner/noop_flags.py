@@ -34,8 +34,8 @@ _NO_NCCL = "there is no NCCL backend"
 NOOP_FLAGS: tuple[NoopFlag, ...] = (
     NoopFlag("disable_cache", "--disable-cache", "this launcher keeps no cache to disable"),
     NoopFlag("torus_allreduce", "--torus-allreduce", _NO_NCCL),
-    NoopFlag("mpi_threads_disable", "--mpi-threads-disable", "there is no MPI controller"),
-    NoopFlag("tcp_flag", "--tcp", "there is no InfiniBand path to turn off; traffic is TCP already"),
+    NoopFlag("mpi_threads_disable", "--mpi-threads-disable",
+             "the MPI path always needs MPI_THREAD_MULTIPLE (the engine calls MPI from two threads)"),
     NoopFlag("num_nccl_streams", "--num-nccl-streams", _NO_NCCL),
     NoopFlag("thread_affinity", "--thread-affinity", "the background thread is not pinned to a core"),
 )

@@ -97,9 +97,8 @@ def test_elastic_flags_are_accepted_but_refused(flags):
         validate(args)
 
 
-def test_mpi_and_jsrun_are_refused():
-    with pytest.raises(NotImplementedError, match=r"MPI controller not available yet: use --gloo \(the default\)"):
-        validate(parse_args(["-np", "1", "--mpi", "x"]))
+def test_jsrun_is_refused_and_mpi_accepted():
+    validate(parse_args(["-np", "1", "--mpi", "x"]))
     with pytest.raises(NotImplementedError, match="jsrun"):
         validate(parse_args(["-np", "1", "--jsrun", "x"]))
 
@@ -145,14 +144,14 @@ def test_too_many_processes_is_reported(capsys):
 
 def test_check_build_format():
     have = {"torch", "horovod.torch", "tensorflow", "mpi4py"}
-    assert check_build.report(lambda name: name in have) == (
+    assert check_build.report(lambda name: name in have, mpi_runs=lambda: True) == (
         f"Horovod v{__version__}:\n\n"
         "Available Frameworks:\n"
         "    [ ] TensorFlow\n"  # the framework is there but our adapter is not
         "    [X] PyTorch\n"
         "    [ ] MXNet\n\n"
         "Available Controllers:\n"
-        "    [ ] MPI\n"
+        "    [X] MPI\n"
         "    [X] Gloo\n\n"
         "Available Tensor Operations:\n"
         "    [ ] NCCL\n"
@@ -167,3 +166,4 @@ def test_check_build_needs_no_np(capsys):
     assert launch._run(parse_args(["--check-build"])) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"Horovod v{__version__}:") and "[X] Gloo" in out
+    assert check_build.report(lambda name: name != "mpi4py").count("[ ] MPI") == 2  # no mpi4py: no MPI at all

@@ -74,9 +74,9 @@ def test_config_file_keys_warn_naming_flag_and_key(caplog, tmp_path):
 def test_horovodrun_warns_once_per_flag_and_still_runs(tmp_path):
     path = tmp_path / "h.yaml"
     path.write_text("library_options:\n  thread_affinity: '0'\n")
-    proc = horovodrun("-np", "1", "--tcp", "--tcp", "--mpi-threads-disable", "--config-file", str(path),
+    proc = horovodrun("-np", "1", "--torus-allreduce", "--torus-allreduce", "--mpi-threads-disable", "--config-file", str(path),
                       "--fusion-threshold-mb", "8", "true", timeout=30)
     assert proc.returncode == 0, proc.stderr
-    for flag in ("--tcp", "--mpi-threads-disable", "--thread-affinity"):
+    for flag in ("--torus-allreduce", "--mpi-threads-disable", "--thread-affinity"):
         assert proc.stderr.count(f"{flag} ") == 1, proc.stderr
     assert proc.stderr.count("has no effect here") == 3 and "fusion" not in proc.stderr

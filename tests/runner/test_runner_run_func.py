@@ -63,7 +63,7 @@ def test_np_is_a_deprecated_alias():
     ({"min_num_proc": 1}, NotImplementedError, "elastic training is not supported yet"),
     ({"max_np": 4}, NotImplementedError, "elastic training is not supported yet"),
     ({"host_discovery_script": "d.sh"}, NotImplementedError, "elastic training is not supported yet"),
-    ({"use_mpi": True}, NotImplementedError, "MPI controller not available yet"),
+    ({"use_mpi": True}, NotImplementedError, r"use_mpi=True\) is not available"),
     ({"use_gloo": True, "use_mpi": True}, ValueError, "not both"),
     ({"num_proc": 3, "hosts": "localhost:2"}, ValueError, r"Requested more processes \(3\)"),
 ])

@@ -6,6 +6,8 @@ adding one (MPI) is one line here.
 
 from __future__ import annotations
 
+from typing import Any
+
 from horovod.common.lazy import load
 from horovod.common.bootstrap.base import Bootstrap, Membership
 from horovod.common.settings import Settings
@@ -13,6 +15,7 @@ from horovod.common.settings import Settings
 _FACTORIES: dict[str, str] = {
     "env": "horovod.common.bootstrap.env:EnvBootstrap",
     "store": "horovod.common.bootstrap.store:StoreBootstrap",
+    "mpi": "horovod.common.bootstrap.mpi:MpiBootstrap",
 }
 
 
@@ -24,6 +27,6 @@ def create(name: str) -> Bootstrap:
     return load(_FACTORIES[name])()
 
 
-def join(settings: Settings, previous_round: int) -> Membership:
+def join(settings: Settings, previous_round: int, comm: Any = None) -> Membership:
     """This process's membership in the current round, from the bootstrap `settings` name."""
-    return create(settings.bootstrap).join(settings, previous_round)
+    return create(settings.bootstrap).join(settings, previous_round, comm)

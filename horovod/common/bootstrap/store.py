@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Mapping
+from typing import Any, Mapping
 
 from horovod.common import wire
-from horovod.common.bootstrap.base import Membership, connect_store
+from horovod.common.bootstrap.base import Membership, connect_store, reject_comm
 from horovod.common.rendezvous import JOINED, ROUNDS, RendezvousClient, RendezvousServer
 from horovod.common.rounds import newest_round
 from horovod.common.settings import Settings, Topology
@@ -41,7 +41,8 @@ def publish_round(server: RendezvousServer, assignment: Mapping[str, Topology]) 
 class StoreBootstrap:
     """The slot the newest planned round gives this worker."""
 
-    def join(self, settings: Settings, previous_round: int) -> Membership:
+    def join(self, settings: Settings, previous_round: int, comm: Any = None) -> Membership:
+        reject_comm(comm, settings.topology.size)
         store = connect_store(settings, "HOROVOD_BOOTSTRAP=store needs the rendezvous store the driver serves")
         try:
             number, topology = _wait_for_slot(store, worker_id(settings.topology), previous_round,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -41,6 +41,7 @@ class TransportContext:
     settings: Settings
     rendezvous: RendezvousClient | None  # None for a job of one
     round: int  # the store's round number; scopes every key the transport publishes
+    communicator: Any = None  # the job's mpi4py communicator, when MPI started the job
 
     @property
     def rank(self) -> int:

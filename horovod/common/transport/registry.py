@@ -15,6 +15,7 @@ _FACTORIES: dict[str, str] = {
     "tcp": "horovod.common.transport.tcp:TcpTransport",
     "shm": "horovod.common.transport.shm:ShmTransport",
     "hierarchical": "horovod.common.transport.hierarchical:HierarchicalTransport",
+    "mpi": "horovod.common.transport.mpi:MpiTransport",
 }
 # What users may also write: Horovod's `gloo` (and an empty setting) mean "pick for me".
 _ALIASES = {"": "auto", "gloo": "auto"}
@@ -38,7 +39,8 @@ def create(name: str, context: TransportContext) -> Transport:
     """Build the transport called `name` (see the package docstring for the choices)."""
     key = _ALIASES.get(name, name)
     if key == "auto":
-        key = default_name(context.topology)
+        # Without a store of ours (a job mpirun started) peers can only meet through MPI.
+        key = default_name(context.topology) if context.rendezvous is not None or context.size == 1 else "mpi"
     if key not in _FACTORIES:
         raise ValueError(
             f"HOROVOD_CPU_OPERATIONS={name!r} is not an available transport; "
