@@ -96,7 +96,9 @@ class JobSpec:
     failure_detection_seconds: float = DEFAULT_FAILURE_DETECTION_SECONDS
 
 
-class _Interrupted(Exception):
+class Interrupted(Exception):
+    """A stop signal reached the launcher while it waited for workers."""
+
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
@@ -201,7 +203,7 @@ class Job:
                         if exited is not None:
                             running.discard(exited[0].slot.rank)
                             self._record_exit(*exited)
-            except _Interrupted:
+            except Interrupted:
                 pass
             finally:
                 self._raise_on_signal = False
@@ -226,7 +228,7 @@ class Job:
         self._raise_on_signal = True  # set before the check: no signal slips between
         try:
             if self._signum is not None:
-                raise _Interrupted(self._signum)
+                raise Interrupted(self._signum)
             return exits.get(timeout=max(0.0, timeout))
         except queue.Empty:
             return None
@@ -286,7 +288,7 @@ class Job:
             self._signum = signum
             if self._raise_on_signal:
                 self._raise_on_signal = False
-                raise _Interrupted(signum)
+                raise Interrupted(signum)
 
     @contextlib.contextmanager
     def _signal_handlers(self) -> Iterator[None]:
