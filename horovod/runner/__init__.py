@@ -98,7 +98,8 @@ def run(
     used = [name for name in _ELASTIC_ARGS if elastic[name] is not None]
     if used:
         raise NotImplementedError(
-            f"elastic training is not supported yet ({', '.join(used)} given); pass num_proc only"
+            f"elastic training is not supported yet in horovod.run() ({', '.join(used)} given); pass "
+            "num_proc only, or run the script with horovodrun --min-np/--max-np/--host-discovery-script"
         )
     if hosts is not None and hostfile is not None:
         raise ValueError("hosts and hostfile are mutually exclusive: give one of them")
