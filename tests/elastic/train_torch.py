@@ -9,7 +9,8 @@ Environment knobs (all optional):
 - ELASTIC_HOSTS="<epoch>=<hosts file text>;...": rank 0 writes OUT_DIR/hosts at that epoch
   (the discovery script prints it), then waits for the new round before going on.
 - ELASTIC_STEP_SECONDS: sleep per batch (default 0.02).
-Rank 0 writes OUT_DIR/result.json at the end: every committed sample, the sizes seen, weights.
+Rank 0 writes OUT_DIR/result.json at the end: every committed sample, the size and the time of
+each committed step, the weight.
 """
 
 import json
@@ -31,24 +32,18 @@ model = torch.nn.Linear(1, 1)
 optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.001),
                                      named_parameters=model.named_parameters())
 sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=3)
-state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, seen=[], sizes=[], resets=0)
+state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, seen=[], sizes=[], stamps=[])
 kills = [entry.split(":") for entry in os.environ.get("ELASTIC_KILL", "").split(",") if entry]
 schedule = dict(item.split("=", 1) for item in os.environ.get("ELASTIC_HOSTS", "").split(";") if item)
 step_seconds = float(os.environ.get("ELASTIC_STEP_SECONDS", "0.02"))
-
-
-def on_reset():
-    state.resets += 1
-
-
-state.register_reset_callbacks([on_reset])
 
 
 def maybe_die(epoch, batch):
     for number, entry in enumerate(kills):
         marker = os.path.join(out, f"killed.{number}")
         if [int(v) for v in entry[:3]] == [epoch, batch, hvd.rank()] and not os.path.exists(marker):
-            open(marker, "w").close()
+            with open(marker, "w") as f:
+                f.write(repr(time.time()))  # when it died: recovery time is measured from here
             if entry[3:] == ["raise"]:
                 raise ValueError(f"rank {hvd.rank()} fails on purpose at epoch {epoch} batch {batch}")
             os.kill(os.getpid(), signal.SIGKILL)
@@ -79,6 +74,7 @@ def train(state):
             everyone = hvd.allgather_object([int(i) for i in data.tolist()])
             state.seen.extend((state.epoch, i) for part in everyone for i in part)
             state.sizes.append(hvd.size())
+            state.stamps.append(time.time())
             state.sampler.record_batch(state.batch, len(data))
             state.batch += 1
             time.sleep(step_seconds)
@@ -92,5 +88,5 @@ def train(state):
 train(state)
 if hvd.rank() == 0:
     with open(os.path.join(out, "result.json"), "w") as f:
-        json.dump({"seen": state.seen, "sizes": state.sizes, "resets": state.resets,
+        json.dump({"seen": state.seen, "sizes": state.sizes, "stamps": state.stamps,
                    "weight": model.weight.item(), "dataset": len(dataset)}, f)
