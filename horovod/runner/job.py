@@ -222,6 +222,10 @@ class Job:
             return JobResult(128 + self._signum, None, self._signum)
         return JobResult(0)
 
+    def result_ranks(self) -> list[int]:
+        """The ranks whose `horovod.run` results the caller gets, in order: every rank."""
+        return [slot.rank for slot in self.spec.slots]
+
     def _next_exit(self, exits: "queue.Queue[tuple[WorkerProcess, int]]",
                    timeout: float) -> tuple[WorkerProcess, int] | None:
         """The next worker to exit within `timeout` seconds, or None; a signal interrupts the wait."""

@@ -11,6 +11,7 @@ import traceback
 
 import cloudpickle
 
+from horovod.common import basics
 from horovod.common.rendezvous import RendezvousClient
 from horovod.common.settings import Settings
 
@@ -32,6 +33,8 @@ def main() -> int:
     try:
         func, args, kwargs = cloudpickle.loads(client.get("runfunc", "func", settings.start_timeout))
         result = func(*args, **kwargs)
+        if basics.is_initialized():  # an elastic job's rank is the one of the round it finished in
+            rank = str(basics.rank())
         client.put("runfunc_result", rank, cloudpickle.dumps(result))
     except Exception as exc:
         # Keep the first report: if the engine already recorded why this rank failed, that wins.

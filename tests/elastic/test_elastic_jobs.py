@@ -122,3 +122,39 @@ def test_the_elastic_timeout_fails_the_job_below_min_np(tmp_path):
     assert done.returncode == 1
     assert "timed out after 2 s (--elastic-timeout) waiting for --min-np 2 slots; usable hosts: localhost:1" \
         in done.stderr
+
+
+def _elastic_fn(out: str) -> tuple[int, int]:
+    import signal
+
+    import torch
+
+    import horovod.torch as hvd
+
+    hvd.init()
+    state = hvd.elastic.ObjectState(step=0)
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < 6:
+            hvd.allreduce(torch.tensor(1.0), name="x")
+            marker = os.path.join(out, "killed")
+            if state.step == 2 and hvd.rank() == 2 and not os.path.exists(marker):
+                open(marker, "w").close()
+                os.kill(os.getpid(), signal.SIGKILL)
+            state.step += 1
+            state.commit()
+        return hvd.size()
+
+    size = train(state)
+    return hvd.rank(), size
+
+
+def test_horovod_run_elastic_returns_the_first_min_np_results_of_the_final_round(tmp_path, monkeypatch):
+    import horovod
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    script = discovery(tmp_path, "localhost:2,127.0.0.1:1")
+    results = horovod.run(_elastic_fn, args=(str(tmp_path),), num_proc=3, min_num_proc=2,
+                          host_discovery_script=script)
+    assert results == [(0, 2), (1, 2)]

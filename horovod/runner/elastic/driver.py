@@ -66,6 +66,10 @@ class ElasticDriver(Job):
         self._short_since: float | None = None
         self._finishing: float | None = None
 
+    def result_ranks(self) -> list[int]:
+        """The first `--min-np` ranks of the round that finished the job (Horovod's choice)."""
+        return list(range(min(len(self.final_plan), self.elastic.min_np)))
+
     def say(self, message: str) -> None:
         print(f"horovodrun: elastic: {message}", file=sys.stderr, flush=True)
 
