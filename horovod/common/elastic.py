@@ -130,7 +130,13 @@ def run_fn(func: F, reset: Callable[[], None]) -> F:
             try:
                 if not skip_sync:
                     state.sync()
-                return func(state, *args, **kwargs)
+                try:
+                    return func(state, *args, **kwargs)
+                except Exception as exc:
+                    cause = _horovod_cause(exc)
+                    if cause is exc:
+                        raise
+                    raise cause from exc
             except HorovodInternalError:
                 state.restore()
                 skip_sync = False
@@ -140,6 +146,14 @@ def run_fn(func: F, reset: Callable[[], None]) -> F:
             state.on_reset()
 
     return wrapper  # type: ignore[return-value]
+
+
+def _horovod_cause(exc: Exception) -> Exception:
+    """Our failure inside a framework's graph (a `tf.py_function` in Keras' `fit`) reaches us as the
+    framework's own error carrying our message: recognise it, so the loop still recovers."""
+    if not isinstance(exc, (HorovodInternalError, HostsUpdatedInterrupt)) and "HorovodInternalError" in str(exc):
+        return HorovodInternalError(str(exc))
+    return exc
 
 
 def _rejoin(reset: Callable[[], None]) -> None:

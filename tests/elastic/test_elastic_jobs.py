@@ -158,3 +158,21 @@ def test_horovod_run_elastic_returns_the_first_min_np_results_of_the_final_round
     results = horovod.run(_elastic_fn, args=(str(tmp_path),), num_proc=3, min_num_proc=2,
                           host_discovery_script=script)
     assert results == [(0, 2), (1, 2)]
+
+
+def test_keras_fit_survives_a_sigkill_and_finishes_every_epoch(tmp_path):
+    pytest.importorskip("tensorflow", reason="the Keras state is tested on the TensorFlow backend")
+    done = subprocess.run([sys.executable, "-m", "horovod.runner.launch", "-np", "3", "--min-np", "2",
+                           "-H", "localhost:2,127.0.0.1:1", sys.executable,
+                           str(Path(__file__).with_name("train_keras.py")), str(tmp_path), "3"],
+                          capture_output=True, text=True, timeout=180, start_new_session=True,
+                          env=dict(os.environ, ELASTIC_KILL="1:3:2", PYTHONPATH=str(REPO)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "round 2: 2 workers" in done.stderr
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["epoch"] == 3
+    # Epoch 0 and 3 or 4 batches of epoch 1 with 3 workers (the 4th is committed when the survivors
+    # got that far before the failure was seen); then epoch 1 again from its start, and epoch 2, with 2.
+    threes = result["sizes"].count(3)
+    assert threes in (11, 12) and result["sizes"] == [3] * threes + [2] * 16
+    assert abs(result["weights"][0]) > 0.1  # it trained

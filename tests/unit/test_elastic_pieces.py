@@ -94,3 +94,8 @@ def test_sampler_deals_the_rest_of_an_epoch_to_a_new_membership_exactly_once(mon
     assert len(second[0]) == len(second[1]) == 9
     seen += second[0] + second[1]
     assert sorted(seen) == dataset
+
+
+def test_plan_order_follows_the_hosts_given():
+    slots = plan.plan_round({"b": 1, "a": 1}, 1, None)
+    assert [plan.worker_name(s) for s in slots] == ["b:0", "a:0"]

@@ -60,6 +60,7 @@ class ElasticDriver(Job):
         self.plan: list[SlotInfo] = []
         self.final_plan: list[SlotInfo] = []  # the round that finished the job
         self._live: dict[str, WorkerProcess] = {}  # by worker id
+        self._born: dict[WorkerProcess, int] = {}  # the round each worker was started for
         self._retiring: dict[WorkerProcess, float] = {}  # left out of the plan: stop at this time
         self._all: list[WorkerProcess] = []
         self._exits: queue.Queue[tuple[WorkerProcess, int]] = queue.Queue()
@@ -143,7 +144,7 @@ class ElasticDriver(Job):
         for worker, deadline in list(self._retiring.items()):
             if now > deadline:
                 worker.signal(15)
-        desired = plan_round(self.hosts.usable(now), self.elastic.min_np, self.elastic.max_np)
+        desired = plan_round(self._by_age(self.hosts.usable(now)), self.elastic.min_np, self.elastic.max_np)
         if desired is None:
             return self._short(now)
         self._short_since = None
@@ -153,6 +154,17 @@ class ElasticDriver(Job):
             if worker_name(slot) not in self._live:
                 self._launch(slot)
         return None
+
+    def _by_age(self, usable: dict[str, int]) -> dict[str, int]:
+        """The usable hosts, those of the longest-running live workers first (then discovery order):
+        rank 0, whose state everyone syncs from, must be a worker that has the committed state,
+        never a newcomer. A failure blacklists a whole host, so a host's workers are the same age."""
+        age = {}
+        for worker in self._live.values():
+            host = worker.slot.hostname
+            age[host] = min(age.get(host, self._born[worker]), self._born[worker])
+        order = sorted(usable, key=lambda host: (host not in age, age.get(host, 0)))  # stable: ties keep order
+        return {host: usable[host] for host in order}
 
     def _short(self, now: float) -> JobResult | None:
         if self._short_since is None:
@@ -197,6 +209,7 @@ class ElasticDriver(Job):
                 self._live[worker_name(slot)] = worker
                 return
         worker = self._start(slot)
+        self._born[worker] = self.round
         self._all.append(worker)
         self._live[worker_name(slot)] = worker
         threading.Thread(target=lambda w=worker: self._exits.put((w, w.wait())),
