@@ -49,11 +49,29 @@ def discovery(tmp_path: Path, hosts: str) -> str:
     return str(script)
 
 
+def replay(steps: list) -> tuple[float, float]:
+    """The weight and bias a run without failures reaches through the same committed steps (each:
+    every rank's samples) from the same start: what committed state must amount to."""
+    import torch
+
+    from tests.elastic.train_torch import LR, loss_of, make_model
+
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    for _, parts in steps:
+        optimizer.zero_grad()
+        (sum(loss_of(model, part) for part in parts) / len(parts)).backward()  # the average over ranks
+        optimizer.step()
+    return model.weight.item(), model.bias.item()
+
+
 def committed(tmp_path: Path, epochs: int) -> dict:
-    """Rank 0's record, after checking that every sample of every epoch was committed exactly once,
-    but for the padding of an epoch's last step (fewer than `size` repeats, as DistributedSampler pads)."""
+    """Rank 0's record, after checking that every sample of every epoch was committed exactly once
+    (but for the padding of an epoch's last step: fewer than `size` repeats, as DistributedSampler
+    pads), and that the final model is the one the committed steps produce without failures."""
     result = json.loads((tmp_path / "result.json").read_text())
-    counts = collections.Counter(tuple(item) for item in result["seen"])
+    assert (result["weight"], result["bias"]) == pytest.approx(replay(result["steps"]), rel=1e-4, abs=1e-6)
+    counts = collections.Counter((epoch, i) for epoch, parts in result["steps"] for part in parts for i in part)
     expected = {(epoch, i) for epoch in range(epochs) for i in range(result["dataset"])}
     assert set(counts) == expected
     for epoch in range(epochs):
