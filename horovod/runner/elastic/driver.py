@@ -14,6 +14,7 @@ current round exits 0 and the others follow; it fails, naming why, below `--min-
 from __future__ import annotations
 
 import queue
+import signal
 import sys
 import threading
 import time
@@ -142,8 +143,9 @@ class ElasticDriver(Job):
                                  f"{_FINISH_GRACE_SECONDS:g} s of the first that did")
             return None
         for worker, deadline in list(self._retiring.items()):
-            if now > deadline:
-                worker.signal(15)
+            if now > deadline:  # still there: stop it (its exit then means nothing to the job)
+                del self._retiring[worker]
+                worker.signal(signal.SIGTERM)
         desired = plan_round(self._by_age(self.hosts.usable(now)), self.elastic.min_np, self.elastic.max_np)
         if desired is None:
             return self._short(now)
