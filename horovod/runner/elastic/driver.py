@@ -33,7 +33,8 @@ from horovod.runner.report import JobResult, exit_status, how_it_went
 DISCOVER_HOSTS_FREQUENCY_SECS = 1.0
 # How long the other workers of a finished round may take to exit after the first one did.
 _FINISH_GRACE_SECONDS = 60.0
-# How long a worker the plan left out may take to leave by itself before it is stopped.
+# How long a worker the plan left out may take to leave by itself before it is stopped
+# (SIGTERM, repeated until it is gone).
 _RETIRE_GRACE_SECONDS = 30.0
 
 
@@ -142,26 +143,28 @@ class ElasticDriver(Job):
                 return JobResult(1, reason=f"workers {sorted(self._live)} did not finish within "
                                  f"{_FINISH_GRACE_SECONDS:g} s of the first that did")
             return None
-        for worker, deadline in list(self._retiring.items()):
+        for worker, deadline in self._retiring.items():
             if now > deadline:  # still there: stop it (its exit then means nothing to the job)
-                del self._retiring[worker]
                 worker.signal(signal.SIGTERM)
-        desired = plan_round(self._by_age(self.hosts.usable(now)), self.elastic.min_np, self.elastic.max_np)
+        desired = plan_round(self._by_age(self._usable(now)), self.elastic.min_np, self.elastic.max_np)
         if desired is None:
             return self._short(now)
         self._short_since = None
         if [(worker_name(s), s) for s in desired] != [(worker_name(s), s) for s in self.plan]:
             return self._publish(desired, now)
-        for slot in self.plan:  # a worker of the plan that left (removed earlier): start it again
-            if worker_name(slot) not in self._live:
-                self._launch(slot)
         return None
+
+    def _usable(self, now: float) -> dict[str, int]:
+        """The hosts a round may use now: not blacklisted, and not still running workers an earlier
+        round left out (a worker id must never be two processes at once)."""
+        leaving = {worker.slot.hostname for worker in self._retiring}
+        return {host: slots for host, slots in self.hosts.usable(now).items() if host not in leaving}
 
     def _by_age(self, usable: dict[str, int]) -> dict[str, int]:
         """The usable hosts, those of the longest-running live workers first (then discovery order):
         rank 0, whose state everyone syncs from, must be a worker that has the committed state,
         never a newcomer. A failure blacklists a whole host, so a host's workers are the same age."""
-        age = {}
+        age: dict[str, int] = {}
         for worker in self._live.values():
             host = worker.slot.hostname
             age[host] = min(age.get(host, self._born[worker]), self._born[worker])
@@ -204,12 +207,6 @@ class ElasticDriver(Job):
         return None
 
     def _launch(self, slot: SlotInfo) -> None:
-        # A worker the plan just left out may still be running under this id: take it back.
-        for worker in list(self._retiring):
-            if worker_name(worker.slot) == worker_name(slot):
-                del self._retiring[worker]
-                self._live[worker_name(slot)] = worker
-                return
         worker = self._start(slot)
         self._born[worker] = self.round
         self._all.append(worker)
