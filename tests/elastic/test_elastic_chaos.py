@@ -72,6 +72,7 @@ def test_random_kills_and_host_changes_never_lose_committed_work(tmp_path, run):
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
     assert job.returncode == 0, f"events {events}\n{err[-4000:]}"
+    assert "kill" in events, f"the job ended before any worker was killed: {events}"
     committed(tmp_path, 3)
     deadline = time.monotonic() + 5
     while processes_mentioning(str(tmp_path)) and time.monotonic() < deadline:
