@@ -23,7 +23,7 @@ import numpy as np
 from horovod._keras.callbacks import broadcast_keras_variables, optimizer_variables
 from horovod.common import basics
 from horovod.common import ops as core
-from horovod.common.elastic import ObjectState, run_fn
+from horovod.common.elastic import ObjectState, run
 
 
 def _broadcast_object(obj: Any) -> Any:
@@ -110,11 +110,4 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):
         self.state.epoch = epoch + 1
 
 
-def _reset() -> None:
-    basics.shutdown()
-    basics.init()
-
-
-def run(func: Any) -> Any:
-    """Decorator: run `func(state, ...)` so that it survives failures and host changes."""
-    return run_fn(func, _reset)
+__all__ = ["CommitStateCallback", "KerasState", "UpdateBatchStateCallback", "UpdateEpochStateCallback", "run"]

@@ -18,7 +18,7 @@ import functools
 import queue
 from typing import Any, Callable, TypeVar
 
-from horovod.common import runtime
+from horovod.common import basics, runtime
 from horovod.common.bootstrap.store import newer_rounds
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
@@ -146,6 +146,18 @@ def run_fn(func: F, reset: Callable[[], None]) -> F:
             state.on_reset()
 
     return wrapper  # type: ignore[return-value]
+
+
+def reset() -> None:
+    """Leave the current round and join the driver's newest (frameworks with per-round state of
+    their own, such as PyTorch's handle table, wrap this)."""
+    basics.shutdown()
+    basics.init()
+
+
+def run(func: F) -> F:
+    """Decorator: run `func(state, ...)` so that it survives failures and host changes."""
+    return run_fn(func, reset)
 
 
 def _horovod_cause(exc: Exception) -> Exception:

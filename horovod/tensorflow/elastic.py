@@ -8,28 +8,16 @@ a `tf.function`. See docs/elastic.md.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Sequence
 
 import tensorflow as tf
 
 from horovod._keras.elastic import KerasState
 from horovod.common import basics
-from horovod.common.elastic import ObjectState, run_fn
+from horovod.common.elastic import ObjectState, run
 from horovod.tensorflow.functions import broadcast_object, broadcast_variables
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 __all__ = ["TensorFlowKerasState", "TensorFlowState", "run"]
-
-
-def _reset() -> None:
-    basics.shutdown()
-    basics.init()
-
-
-def run(func: F) -> F:
-    """Decorator: run `func(state, ...)` so that it survives failures and host changes."""
-    return run_fn(func, _reset)
 
 
 class TensorFlowKerasState(KerasState):

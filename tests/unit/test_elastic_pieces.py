@@ -54,7 +54,6 @@ def test_cooldown_grows_with_each_failure_and_stays_in_range():
     assert all(2 <= d <= 20 for d in delays)
     assert delays[0] < 4 <= delays[1] < 6 <= delays[2] and delays[-1] == 20
     assert manager.usable(19.9) == {} and manager.usable(20.1) == {"a": 1}
-    assert manager.next_return(0) == 20
 
 
 def test_plan_fills_hosts_in_order_caps_at_max_np_and_refuses_below_min_np():

@@ -19,7 +19,6 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Sequence
 
 from horovod.common.bootstrap.store import publish_change, publish_round
 from horovod.runner.elastic.discovery import HostDiscovery
@@ -224,7 +223,3 @@ class ElasticDriver(Job):
         usable = self.hosts.usable(now)
         return ", ".join(f"{host}:{slots}" for host, slots in usable.items()) or "none"
 
-
-def final_ranks(plan: Sequence[SlotInfo]) -> list[str]:
-    """Worker ids of a round in rank order (where `horovod.run` finds each rank's result)."""
-    return [worker_name(slot) for slot in sorted(plan, key=lambda slot: slot.rank)]

@@ -75,11 +75,6 @@ class HostManager:
         return bool(self._slots) and all(
             host in self._blacklist and self._blacklist[host].until is None for host in self._slots)
 
-    def next_return(self, now: float) -> float | None:
-        """When the next blacklisted host's cooldown ends (None: none pending)."""
-        ends = [entry.until for entry in self._blacklist.values() if entry.until is not None and entry.until > now]
-        return min(ends) if ends else None
-
 
 def _difference(before: dict[str, int], after: dict[str, int]) -> HostUpdate:
     result = HostUpdate.no_update

@@ -31,7 +31,7 @@ __all__ = ["ElasticSampler", "ObjectState", "State", "TorchState", "run"]
 
 def _reset() -> None:
     basics.shutdown()
-    init()
+    init()  # PyTorch's own: it also forgets the handles of the round that is over
 
 
 def run(func: F) -> F:
