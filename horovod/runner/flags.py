@@ -161,8 +161,8 @@ def make_parser() -> argparse.ArgumentParser:
         "(HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE). Default: 0.8.")
 
     group = parser.add_argument_group(
-        "elastic arguments", "Accepted so that Horovod command lines parse, but elastic training "
-        "is not supported yet: using any of these is an error.")
+        "elastic arguments", "Any of --min-np, --max-np or --host-discovery-script makes the job "
+        "elastic: it survives failed workers and follows the hosts discovery reports (docs/elastic.md).")
     add = group.add_argument
     add("--min-np", "--min-num-proc", dest="min_num_proc", type=int, metavar="N",
         help="Fewest processes an elastic job may run with. Default: -np.")
@@ -251,8 +251,8 @@ def make_parser() -> argparse.ArgumentParser:
         "alternative to -H.")
     hosts.add_argument(
         "--host-discovery-script", metavar="SCRIPT",
-        help="Executable printing the current 'host:slots' lines, for elastic training "
-        "(not supported yet).")
+        help="Executable printing the current 'host[:slots]' lines, run about once a second; "
+        "makes the job elastic.")
 
     group = parser.add_argument_group("controller arguments")
     controllers = group.add_mutually_exclusive_group()

@@ -57,3 +57,12 @@ __all__ = list(_common_all) + [
     "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "join", "local_rank_op", "local_size_op",
     "process_set_included_op", "rank_op", "reducescatter", "size_op",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """`hvd.elastic` is imported on first use: it brings in Keras, which plain TensorFlow users need not load."""
+    if name == "elastic":
+        import importlib
+
+        return importlib.import_module("horovod.tensorflow.elastic")
+    raise AttributeError(f"module 'horovod.tensorflow' has no attribute {name!r}")

@@ -88,13 +88,24 @@ def test_mutually_exclusive_flags(flags, capsys):
 
 
 @pytest.mark.parametrize("flags", [
-    ["--min-np", "1"], ["--max-np", "4"], ["--host-discovery-script", "d.sh"], ["--slots-per-host", "2"],
-    ["--elastic-timeout", "60"], ["--reset-limit", "3"], ["--blacklist-cooldown-range", "10", "100"],
+    ["--min-np", "1"], ["--max-np", "4"], ["--host-discovery-script", "d.sh"],
+    ["--min-np", "1", "--slots-per-host", "2", "--elastic-timeout", "60", "--reset-limit", "3",
+     "--blacklist-cooldown-range", "10", "100"],
 ])
-def test_elastic_flags_are_accepted_but_refused(flags):
-    args = parse_args(["-np", "2", *flags, "python", "train.py"])
-    with pytest.raises(NotImplementedError, match="elastic training is not supported yet"):
-        validate(args)
+def test_elastic_flags_make_an_elastic_job(flags):
+    validate(parse_args(["-np", "2", *flags, "python", "train.py"]))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--slots-per-host", "2"], "only apply to an elastic job"),
+    (["--reset-limit", "3"], "only apply to an elastic job"),
+    (["--min-np", "3", "--max-np", "2"], "--min-np 3 is larger than --max-np 2"),
+    (["--min-np", "1", "--blacklist-cooldown-range", "5", "2"], "need 1 <= MIN <= MAX"),
+    (["--min-np", "0"], "--min-np 0 is out of range"),
+])
+def test_inconsistent_elastic_flags_are_refused(flags, message):
+    with pytest.raises(ValueError, match=message):
+        validate(parse_args(["-np", "2", *flags, "python", "train.py"]))
 
 
 def test_jsrun_is_refused_and_mpi_accepted():
