@@ -156,7 +156,10 @@ class Cycle:
             responses.extend(slow)
         if fatal:
             return fatal
-        if not responses and all(reply[0] & BLOCKED for reply in replies):
+        # Deadlock: every member is stuck and no op is awaited by all of them (one that is, every
+        # member has submitted, so it will run: negotiation is merely slow, e.g. a loaded machine).
+        if (not responses and all(reply[0] & BLOCKED for reply in replies)
+                and not set.intersection(*(set(reply[3]) for reply in replies))):
             self._fail_deadlock(state, {m: reply[3] for m, reply in zip(members, replies)})
             return ""
         tuner = self.autotuner if state.set_id == 0 else None
