@@ -10,7 +10,7 @@ fi
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[torch,tensorflow,test,mpi]"
 # Slurm (for tests/slurm) comes from the system's packages; only root can install them.
-bash scripts/setup-slurm.sh
+bash scripts/setup-slurm.sh >&2
 # MPICH's wheel conflicts with Open MPI's in one environment: tests/mpi run it from its own,
 # beside this one (numpy and khorovod only).
 if [ ! -x "$VENV-mpich/bin/python" ]; then
