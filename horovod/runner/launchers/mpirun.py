@@ -17,7 +17,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from horovod.runner.hosts import HostInfo
 
@@ -105,7 +105,3 @@ def run(job: MpiJob, env: Mapping[str, str]) -> int:
     mpirun = find_mpirun()
     argv = build_command(mpirun, detect_flavor(mpirun), job, as_root=os.geteuid() == 0)
     return subprocess.run(argv, env=dict(env), stdin=subprocess.DEVNULL).returncode
-
-
-def describe(argv: Sequence[str]) -> str:
-    return " ".join(shlex.quote(a) for a in argv)
