@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-EXTRAS=${1:-torch,tensorflow,examples,test}
+EXTRAS=${1:-torch,tensorflow,jax,mpi,examples,test,autotune}
 STAMP="$VENV/.khorovod-extras"
 if [ ! -x "$VENV/bin/python" ]; then
     echo "setup-venv: creating $VENV" >&2
@@ -32,5 +32,15 @@ if [ -n "$missing" ]; then
         exit 1
     fi
     for extra in ${EXTRAS//,/ }; do echo "$HASH $extra"; done >> "$STAMP"
+fi
+if [[ ",$EXTRAS," == *",test,"* ]]; then
+    # Slurm (for tests/slurm) comes from the system's packages; only root can install them.
+    bash scripts/setup-slurm.sh >&2
+    # MPICH's wheel conflicts with Open MPI's in one environment: tests/mpi run it from its own,
+    # beside this one (numpy and khorovod only).
+    if ! "$VENV-mpich/bin/python" -c "import mpi4py, horovod" 2>/dev/null; then
+        [ -x "$VENV-mpich/bin/python" ] || "$VENV/bin/python" -m venv "$VENV-mpich"
+        "$VENV-mpich/bin/python" -m pip install -q --disable-pip-version-check mpich "mpi4py>=4" numpy -e . >&2
+    fi
 fi
 echo "$VENV"

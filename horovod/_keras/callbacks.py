@@ -14,7 +14,7 @@ from horovod.common import basics
 from horovod.common import ops as core
 
 
-def _optimizer_variables(optimizer: Any) -> list[Any]:
+def optimizer_variables(optimizer: Any) -> list[Any]:
     """The optimizer state every rank must share (a DistributedOptimizer's own aggregation
     buffers hold this rank's gradients and stay local)."""
     if isinstance(optimizer, DistributedOptimizer):
@@ -48,7 +48,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     def on_batch_end(self, batch: int, logs: dict | None = None) -> None:
         if self.broadcast_done:
             return
-        variables = list(self.model.variables) + _optimizer_variables(getattr(self.model, "optimizer", None))
+        variables = list(self.model.variables) + optimizer_variables(getattr(self.model, "optimizer", None))
         variables = [v for v in variables if id(v) not in self._local_ids]
         broadcast_keras_variables(variables, self.root_rank, "BroadcastGlobalVariablesCallback")
         self.broadcast_done = True

@@ -102,7 +102,9 @@ def command_for(system: str, args: argparse.Namespace, worker_args: list[str], o
         if ":" in system:
             env["HOROVOD_CPU_OPERATIONS"] = system.split(":", 1)[1]
         hosts = ["-H", args.hosts] if args.hosts else []
-        argv = [sys.executable, "-m", "horovod.runner.launch", "-np", str(args.np), *hosts,
+        # khorovod:mpi runs where the MPI path runs: a job mpirun starts (horovodrun --mpi).
+        controller = ["--mpi"] if system == "khorovod:mpi" else []
+        argv = [sys.executable, "-m", "horovod.runner.launch", *controller, "-np", str(args.np), *hosts,
                 sys.executable, str(WORKER), "--system", "khorovod", *worker_args, "--out", out]
         return argv, env, 0
     if system == "horovod":
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step", type=int, default=4, help="factor between sizes of a range (default 4)")
     parser.add_argument("--compare", action="store_true", help="also run every peer installed here")
     parser.add_argument("--systems", help="comma-separated, instead of --compare: khorovod, khorovod:tcp, "
-                                          "khorovod:shm, gloo, mpi, horovod")
+                                          "khorovod:shm, khorovod:mpi (through horovodrun --mpi), gloo, mpi, horovod")
     parser.add_argument("--horovod-python", help="python of an environment with the reference Horovod")
     parser.add_argument("--hosts", help="horovodrun -H for khorovod (e.g. localhost:2,127.0.0.1:2 to pretend "
                                         "two hosts)")

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
-import importlib.util
 import sys
 import traceback
 from typing import Any, Sequence
 
 from horovod.common import bootstrap
 from horovod.common import logging as hvd_logging
+from horovod.common import mpi_library
 from horovod.common import runtime as _state
 from horovod.common.engine.engine import Engine
 from horovod.common.exceptions import HorovodInternalError
@@ -47,11 +47,11 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             settings = dataclasses.replace(settings, dynamic_process_sets=True)
             process_sets = None
         hvd_logging.configure(settings.log_level, settings.log_hide_time)
-        membership = bootstrap.join(settings, _state.last_round())
+        membership = bootstrap.join(settings, _state.last_round(), comm)
         _state.record_round(membership.round)
         # From here on the slot is the bootstrap's: everything below reads it from these settings.
         settings = dataclasses.replace(settings, topology=membership.topology)
-        transport, sets = _connect(settings, membership, comm, process_sets)
+        transport, sets = _connect(settings, membership, process_sets)
         rt = _build_runtime(settings, membership, transport, sets)
         _state.install(rt)
         rt.engine.start()
@@ -61,19 +61,15 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             _atexit_registered = True
 
 
-def _connect(settings: Settings, membership: bootstrap.Membership, comm: Any,
+def _connect(settings: Settings, membership: bootstrap.Membership,
              process_sets: Sequence[ProcessSet] | None) -> tuple[Transport, list[ProcessSet]]:
     """The round's transport, and the static process sets every rank agreed on."""
     topo = settings.topology
     transport = None
     try:
-        if comm is not None and not (isinstance(comm, (list, tuple)) and list(comm) == list(range(topo.size))):
-            raise NotImplementedError(
-                "init(comm=...) with an MPI communicator or a subset of ranks needs the MPI controller, "
-                "which khorovod does not have yet; use process_sets= for collectives over subsets")
-        transport = create_transport(
-            settings.cpu_operations, TransportContext(topo, settings, membership.rendezvous, membership.round))
-        sets = register_static(process_sets, topo.size)
+        transport = create_transport(settings.cpu_operations, TransportContext(
+            topo, settings, membership.rendezvous, membership.round, membership.communicator))
+        sets = register_static(process_sets, topo.size, membership.communicator)
         check_static_sets_agree(transport, sets)
     except BaseException as exc:
         # Nothing of a failed init may linger: no connection, no thread, no shared memory.
@@ -221,21 +217,26 @@ def gloo_built() -> bool:
 
 
 def gloo_enabled() -> bool:
-    return True
+    return not mpi_enabled()
 
 
 def mpi_built() -> bool:
-    return importlib.util.find_spec("mpi4py") is not None
+    """True when the MPI path can run here: mpi4py and an MPI library it loads."""
+    return mpi_library.usable()
 
 
 def mpi_enabled() -> bool:
-    return False
+    """True while the collectives run through MPI (HOROVOD_CPU_OPERATIONS=mpi, or a job mpirun started)."""
+    rt = _state.peek()
+    return rt is not None and rt.transport.name == "mpi"
 
 
 def mpi_threads_supported() -> bool:
+    """Whether the MPI library gives MPI_THREAD_MULTIPLE (the engine needs it to use MPI at all)."""
     if not mpi_enabled():
-        raise ValueError("MPI is not enabled: khorovod runs on its own TCP transport (Gloo's role)")
-    return True
+        raise ValueError("MPI is not enabled: khorovod runs on its own transport here; start the job with "
+                         "mpirun or horovodrun --mpi, or set HOROVOD_CPU_OPERATIONS=mpi")
+    return mpi_library.threads_supported()
 
 
 def nccl_built() -> int:

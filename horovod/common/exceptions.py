@@ -17,3 +17,18 @@ class HostsUpdatedInterrupt(RuntimeError):
     def __init__(self, skip_sync: bool = False) -> None:
         super().__init__("hosts updated")
         self.skip_sync = skip_sync
+
+
+class HorovodVersionMismatchError(ImportError):
+    """A framework's installed version differs from the one Horovod was built against.
+
+    khorovod builds nothing against a framework, so it never raises this itself; it exists so
+    that scripts catching it keep importing."""
+
+    def __init__(self, name: str, version: str, installed_version: str) -> None:
+        super().__init__(f"Framework {name} installed with version {installed_version} but found version "
+                         f"{version}. This can result in unexpected behavior including runtime errors. "
+                         "Reinstall Horovod using `pip install --no-cache-dir` to build with the new version.")
+        self.name = name
+        self.version = version
+        self.installed_version = installed_version

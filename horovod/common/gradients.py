@@ -22,7 +22,7 @@ import numpy as np
 from horovod.common import ops, runtime
 from horovod.common.compression import Compressor, NoneCompressor
 from horovod.common.process_sets import ProcessSet, global_process_set
-from horovod.common.reduce_ops import Adasum, Average, Sum
+from horovod.common.reduce_ops import Average, Sum
 
 
 def resolve_op(op: int | None, average: bool | None) -> int:
@@ -61,8 +61,6 @@ class GradientReducer:
                  num_groups: int = 0, groups: int | Sequence[Sequence[Any]] | None = None,
                  process_set: ProcessSet = global_process_set, compression: type[Compressor] = NoneCompressor,
                  scale_local_gradients: bool = True) -> None:
-        if op == Adasum:
-            raise NotImplementedError("op=Adasum is not implemented in khorovod; use op=Average or op=Sum")
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradient_predivide_factor other than 1.0 needs op=Average")
         if num_groups:

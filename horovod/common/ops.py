@@ -14,6 +14,7 @@ import numpy as np
 from horovod.common import basics
 from horovod.common.engine.handles import Entry, Handle
 from horovod.common.engine.messages import OpType, Request
+from horovod.common.exceptions import HorovodInternalError
 from horovod.common.partition import block_size
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Adasum, Average, Sum, check_reducible, dtype_name
@@ -42,12 +43,12 @@ def _check_array(array: object, op: str, name: str) -> np.ndarray:
     return array
 
 
-def _check_reduce(op: int, dtype: str, what: str) -> None:
-    if op == Adasum:
-        raise NotImplementedError(
-            f"{what}: op=Adasum is not implemented in khorovod yet (it needs its own issue: the "
-            "pairwise adaptive-sum reduction). Use op=Average or op=Sum.")
+def _check_reduce(op: int, dtype: str, what: str, rt: basics.Runtime, process_set: ProcessSet) -> None:
     check_reducible(dtype, op)
+    if op == Adasum:  # every member sees the same set and hosts, so each raises the same error
+        error = rt.transport.adasum_error(process_set.ranks)
+        if error:
+            raise NotImplementedError(f"{what}: {error}")
 
 
 def _request(rt: basics.Runtime, op_type: OpType, name: str, array: np.ndarray | None, **fields: object) -> Request:
@@ -102,7 +103,7 @@ def _allreduce_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names:
                        prescale: float, postscale: float, process_set: ProcessSet,
                        outputs: Sequence[np.ndarray] | None, grouped: bool) -> Handle:
     def prepare(i: int, tensor: np.ndarray, name: str) -> tuple[np.ndarray, dict[str, Any]]:
-        _check_reduce(op, dtype_name(tensor.dtype), f"allreduce {name}")
+        _check_reduce(op, dtype_name(tensor.dtype), f"allreduce {name}", rt, process_set)
         output = outputs[i] if outputs is not None else np.empty_like(tensor)
         if output.shape != tensor.shape or output.dtype != tensor.dtype or not output.flags.c_contiguous:
             raise ValueError(f"allreduce {name}: the output must be a contiguous array of the input's "
@@ -202,6 +203,16 @@ def reducescatter_async(tensor: np.ndarray, name: str | None = None, op: int = A
                                   postscale_factor, process_set, False)
 
 
+def check_reducescatter_op(op: int, name: str) -> None:
+    """Only Average and Sum reduce-scatter. Adasum is refused as Horovod's core refuses it, with a
+    RuntimeError (HorovodInternalError) that scripts catch; other ops with a ValueError."""
+    if op == Adasum:
+        raise HorovodInternalError(f"reducescatter {name}: op=Adasum cannot reduce-scatter; only "
+                                   "op=Average or op=Sum are supported")
+    if op not in (Average, Sum):
+        raise ValueError(f"reducescatter {name}: only op=Average or op=Sum are supported")
+
+
 def _reducescatter_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names: list[str], op: int,
                            prescale: float, postscale: float, process_set: ProcessSet, grouped: bool) -> Handle:
     process_set.require_registered()
@@ -209,9 +220,8 @@ def _reducescatter_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], na
     me = process_set.ranks.index(rt.settings.topology.rank) if rt.settings.topology.rank in process_set.ranks else 0
 
     def prepare(i: int, tensor: np.ndarray, name: str) -> tuple[np.ndarray, dict[str, Any]]:
-        if op not in (Average, Sum):
-            raise ValueError(f"reducescatter {name}: only op=Average or op=Sum are supported")
-        _check_reduce(op, dtype_name(tensor.dtype), f"reducescatter {name}")
+        check_reducescatter_op(op, name)
+        _check_reduce(op, dtype_name(tensor.dtype), f"reducescatter {name}", rt, process_set)
         if tensor.ndim == 0:
             raise ValueError(f"reducescatter {name}: cannot scatter a rank-zero tensor; reshape it to [1]")
         rows = block_size(tensor.shape[0], n, me)

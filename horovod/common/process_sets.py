@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Protocol, Sequence
 
 from horovod.common import runtime, wire
+from horovod.common.mpi_library import process_set_ranks
 from horovod.common.engine.messages import OpType
 
 
@@ -80,15 +81,22 @@ class Exchanger(Protocol):
     def exchange(self, group: Sequence[int], payload: bytes) -> list[bytes]: ...
 
 
-def register_static(process_sets: Sequence[ProcessSet] | None, size: int) -> list[ProcessSet]:
-    """The global set, then those of `init(process_sets=...)` numbered from 1 in the order given."""
+def register_static(process_sets: Sequence[ProcessSet] | None, size: int,
+                    communicator: Any = None) -> list[ProcessSet]:
+    """The global set, then those of `init(process_sets=...)` numbered from 1 in the order given.
+
+    `communicator` is the job's MPI communicator (a job mpirun started), which gives the ranks of
+    sets made from MPI communicators."""
     sets: list[ProcessSet] = [global_process_set]
     seen = {tuple(range(size))}
     for ps in process_sets or []:
         if not isinstance(ps, ProcessSet):
             raise ValueError(f"process_sets must be ProcessSet objects, got {ps!r}")
         if ps.mpi_comm is not None:
-            raise NotImplementedError("process sets from MPI communicators need the MPI controller")
+            if communicator is None:
+                raise NotImplementedError("process sets from MPI communicators need a job started by mpirun "
+                                          "(or horovodrun --mpi)")
+            ps.ranks = process_set_ranks(ps.mpi_comm, communicator)
         if tuple(ps.ranks) in seen:
             raise ValueError(f"process set {ps.ranks} is given twice (or equals the global set)")
         if not ps.ranks or ps.ranks[0] < 0 or ps.ranks[-1] >= size:
@@ -117,7 +125,7 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
                          "(or hvd.init(process_sets='dynamic'))")
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.mpi_comm is not None:
-        raise NotImplementedError("process sets from MPI communicators need the MPI controller")
+        raise NotImplementedError("process sets from MPI communicators can only be given to init(), as in Horovod")
     size = rt.settings.topology.size
     if not ps.ranks or ps.ranks[0] < 0 or ps.ranks[-1] >= size:
         raise ValueError(f"process set ranks {ps.ranks} must be within 0..{size - 1}")

@@ -60,6 +60,8 @@ def check_reducible(dtype_str: str, op: int) -> None:
         raise ValueError(f"unknown reduction op {op}; use one of {', '.join(OP_NAMES.values())}")
     if dtype_str == "bool" and op in (Average, Adasum):
         raise ValueError(f"{OP_NAMES[op]} of bool tensors has no meaning; use Sum, Min, Max or Product")
+    if op == Adasum and not dtype_str.startswith(("float", "bfloat")):
+        raise ValueError(f"Adasum combines gradients by their angle and needs floating-point tensors, got {dtype_str}")
 
 
 def _bool_kernel(op: int) -> Callable[..., np.ndarray]:
@@ -82,7 +84,16 @@ def reduce_into(dst: np.ndarray, src: np.ndarray, op: int) -> None:
 
 
 def scale_in_place(buf: np.ndarray, factor: float) -> None:
-    """Multiply by a double factor and store back in the element type (ints truncate toward 0)."""
+    """Multiply by `factor` and store back in the element type, in Horovod's arithmetic so results
+    are bit-identical to it: integers in float64 (then truncated toward 0), float16 and bfloat16
+    in float32 with the factor rounded to float32, float32 in float32, float64 in float64."""
     if factor == 1.0:
         return
-    np.multiply(buf, factor, out=buf, casting="unsafe")
+    if buf.dtype.kind in "iub":
+        np.multiply(buf, np.float64(factor), out=buf, casting="unsafe")
+    elif buf.dtype.itemsize == 2:  # float16 / bfloat16: never in their own precision
+        wide = buf.astype(np.float32)
+        wide *= np.float32(factor)
+        buf[...] = wide
+    else:
+        np.multiply(buf, buf.dtype.type(factor), out=buf)

@@ -51,6 +51,20 @@ def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
     return raw not in ("0", "false", "no", "off")
 
 
+def detect_bootstrap(env: Mapping[str, str]) -> str:
+    """Who started this process, when HOROVOD_BOOTSTRAP does not say: our launcher ("env", its
+    HOROVOD_RANK), mpirun/mpiexec ("mpi": Open MPI's OMPI_COMM_WORLD_*, MPICH's and PMIx's PMI_*),
+    or Slurm's srun (a job step's SLURM_PROCID: "mpi" too, srun's PMIx plugin serves MPI the job).
+    Job scripts then need no change."""
+    if env.get("HOROVOD_RANK", "").strip():
+        return "env"
+    if any(env.get(name) for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")):
+        return "mpi"
+    if env.get("SLURM_PROCID") and env.get("SLURM_STEP_ID") and env.get("SLURM_NTASKS"):
+        return "mpi"
+    return "env"
+
+
 @dataclass(frozen=True)
 class Topology:
     """Where this process sits in the job: rank, size, and which ranks share its host."""
@@ -65,12 +79,46 @@ class Topology:
 
 
 @dataclass(frozen=True)
+class AutotuneSettings:
+    """HOROVOD_AUTOTUNE*: whether the engine tunes its knobs, how it samples, and which knobs the
+    user pinned (set explicitly: those are never tuned)."""
+
+    enabled: bool = False
+    log_file: str | None = None
+    warmup_samples: int = 3
+    steps_per_sample: int = 10
+    bayes_opt_max_samples: int = 20
+    gaussian_process_noise: float = 0.8
+    fixed: frozenset[str] = frozenset()  # Tunables field names the user set
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "AutotuneSettings":
+        pinned = {"fusion_threshold": "HOROVOD_FUSION_THRESHOLD", "cycle_time_ms": "HOROVOD_CYCLE_TIME",
+                  "cache_enabled": "HOROVOD_CACHE_CAPACITY",
+                  "hierarchical_allreduce": "HOROVOD_HIERARCHICAL_ALLREDUCE",
+                  "hierarchical_allgather": "HOROVOD_HIERARCHICAL_ALLGATHER"}
+        noise = env_float(env, "HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", 0.8)
+        if noise > 1.0:
+            raise ValueError(f"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE={noise} must be between 0 and 1")
+        return cls(
+            enabled=_flag(env, "HOROVOD_AUTOTUNE"),
+            log_file=env.get("HOROVOD_AUTOTUNE_LOG") or None,
+            warmup_samples=_int(env, "HOROVOD_AUTOTUNE_WARMUP_SAMPLES", 3),
+            steps_per_sample=max(1, _int(env, "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", 10)),
+            bayes_opt_max_samples=max(1, _int(env, "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", 20)),
+            gaussian_process_noise=noise,
+            fixed=frozenset(name for name, var in pinned.items() if env.get(var, "").strip()),
+        )
+
+
+@dataclass(frozen=True)
 class Settings:
     # From `from_env`: the slot as the launcher's HOROVOD_* variables describe it (what the `env`
     # bootstrap uses). In the runtime's settings: the slot the bootstrap assigned for this round.
     topology: Topology = field(default_factory=Topology)
     # Who assigns this process its slot (`horovod.common.bootstrap`): "env", our launcher's
-    # variables; "store", the round plan the launcher side publishes in the rendezvous store.
+    # variables; "store", the round plan the launcher side publishes in the rendezvous store;
+    # "mpi", the MPI library of a job mpirun or srun started (`detect_bootstrap`).
     bootstrap: str = "env"
     rendezvous_addr: str | None = None
     rendezvous_port: int | None = None
@@ -96,6 +144,9 @@ class Settings:
     # How long a peer whose host stopped answering may go unnoticed (0: the kernel's defaults).
     failure_detection_seconds: float = DEFAULT_FAILURE_DETECTION_SECONDS
     iface: str | None = None
+    autotune: AutotuneSettings = field(default_factory=AutotuneSettings)
+    # Tasks of the Slurm job step this process belongs to (SLURM_NTASKS; 0 outside srun).
+    slurm_tasks: int = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -122,7 +173,7 @@ class Settings:
 
         return cls(
             topology=topology,
-            bootstrap=(env.get("HOROVOD_BOOTSTRAP") or "env").strip().lower(),
+            bootstrap=(env.get("HOROVOD_BOOTSTRAP") or detect_bootstrap(env)).strip().lower(),
             rendezvous_addr=env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR") or None,
             rendezvous_port=int(port) if port else None,
             secret_key=bytes.fromhex(key_hex) if key_hex else None,
@@ -146,4 +197,6 @@ class Settings:
             failure_detection_seconds=env_float(env, "HOROVOD_FAILURE_DETECTION_SECONDS",
                                                 DEFAULT_FAILURE_DETECTION_SECONDS),
             iface=env.get("HOROVOD_GLOO_IFACE") or None,
+            autotune=AutotuneSettings.from_env(env),
+            slurm_tasks=_int(env, "SLURM_NTASKS", 0) if env.get("SLURM_STEP_ID") else 0,
         )

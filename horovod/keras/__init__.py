@@ -24,11 +24,11 @@ from horovod._keras import (
 from horovod._keras.transport import check_backend as _check_backend
 from horovod.common import *  # noqa: F401,F403  (basics, op constants, process sets)
 from horovod.common import __all__ as _common_all
-from horovod.keras import callbacks
+from horovod.keras import callbacks, elastic
 
 _check_backend()
 
 __all__ = list(_common_all) + [
     "Compression", "DistributedOptimizer", "PartialDistributedOptimizer", "allgather", "allreduce", "broadcast",
-    "broadcast_global_variables", "callbacks", "load_model", "reducescatter",
+    "broadcast_global_variables", "callbacks", "elastic", "load_model", "reducescatter",
 ]

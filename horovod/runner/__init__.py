@@ -18,9 +18,6 @@ import cloudpickle
 
 __all__ = ["run"]
 
-_ELASTIC_ARGS = ("min_num_proc", "max_num_proc", "slots", "reset_limit", "cooldown_range",
-                 "host_discovery_script")
-
 
 def _deprecated(old: str, new: str, old_value: Any, new_value: Any) -> Any:
     """Resolve a deprecated keyword alias: warn, and refuse both spellings at once."""
@@ -79,11 +76,12 @@ def run(
 
     `num_proc` defaults to every slot of `hosts`/`hostfile`, or 1 on this machine alone. If a
     rank fails, the others are stopped and RuntimeError names the first failing rank, its exit
-    code and its exception. Elastic arguments are accepted but not supported yet.
+    code and its exception. With `min_num_proc`, `max_num_proc` or `host_discovery_script` the job
+    is elastic (see docs/elastic.md) and the results are those of the final round's first
+    `min_num_proc` ranks.
     """
     # Imported here so that `python -m horovod.runner.launch` does not find launch half-imported.
     from horovod.runner import launch
-    from horovod.runner.job import Job
     from horovod.runner.report import format_result
 
     num_proc = _deprecated("np", "num_proc", np, num_proc)
@@ -92,23 +90,21 @@ def run(
     if network_interface is not None:
         network_interfaces = _deprecated("network_interface", "network_interfaces",
                                          network_interface, network_interfaces)
-    elastic = {"min_num_proc": min_num_proc, "max_num_proc": max_num_proc, "slots": slots,
-               "reset_limit": reset_limit, "cooldown_range": cooldown_range,
-               "host_discovery_script": host_discovery_script}
-    used = [name for name in _ELASTIC_ARGS if elastic[name] is not None]
-    if used:
-        raise NotImplementedError(
-            f"elastic training is not supported yet ({', '.join(used)} given); pass num_proc only"
-        )
     if hosts is not None and hostfile is not None:
         raise ValueError("hosts and hostfile are mutually exclusive: give one of them")
+    if use_mpi and not use_gloo:
+        raise NotImplementedError("horovod.run(use_mpi=True) is not available: functions run through our own "
+                                  "launcher, which hands back their results; run scripts with horovodrun --mpi")
 
     hargs = launch.default_args()
     hargs.hosts, hargs.hostfile = hosts, hostfile
-    hargs.num_proc = num_proc if num_proc is not None else 1
+    hargs.num_proc = num_proc if num_proc is not None else (min_num_proc or 1)
     if num_proc is None and (hosts or hostfile):
         hargs.num_proc = sum(host.slots for host in launch.host_list(hargs))
     hargs.start_timeout = start_timeout
+    hargs.min_num_proc, hargs.max_num_proc, hargs.slots = min_num_proc, max_num_proc, slots
+    hargs.reset_limit, hargs.host_discovery_script = reset_limit, host_discovery_script
+    hargs.cooldown_range = list(cooldown_range) if cooldown_range is not None else None
     hargs.ssh_port, hargs.ssh_identity_file = ssh_port, ssh_identity_file
     hargs.disable_cache = bool(disable_cache)
     hargs.output_filename, hargs.verbose = output_filename, bool(verbose)
@@ -124,15 +120,15 @@ def run(
     if pythonpath:
         spec = dataclasses.replace(spec, extra_env={**spec.extra_env, "PYTHONPATH": pythonpath})
 
-    with Job(spec) as job:
+    with launch.make_job(hargs, spec) as job:
         job.store.put("runfunc", "func", cloudpickle.dumps((func, tuple(args), dict(kwargs or {}))))
         result = job.run()
         if not result.ok:
             raise RuntimeError(format_result(result))
         results = []
-        for slot in spec.slots:
-            raw = job.store.get("runfunc_result", str(slot.rank))
+        for rank in job.result_ranks():
+            raw = job.store.get("runfunc_result", str(rank))
             if raw is None:
-                raise RuntimeError(f"rank {slot.rank} exited with status 0 but sent no result")
+                raise RuntimeError(f"rank {rank} exited with status 0 but sent no result")
             results.append(cloudpickle.loads(raw))
     return results

@@ -2,7 +2,8 @@
 
 Nothing is imported to find out: importing TensorFlow or PyTorch takes seconds and may touch
 GPUs, so availability is judged from `importlib.util.find_spec` alone. A framework counts when
-both the framework and our adapter for it are installed.
+both the framework and our adapter for it are installed. MPI counts when mpi4py loads an MPI
+library (asked in a child process, `horovod.common.mpi_library.usable`) and mpirun is there.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Callable
 
+from horovod.common import mpi_library
+from horovod.runner.launchers.mpirun import find_mpirun
 from horovod.version import __version__
 
 # (label, framework module, our adapter module)
@@ -31,14 +34,21 @@ def _mark(available: bool) -> str:
     return "[X]" if available else "[ ]"
 
 
-def report(installed: Callable[[str], bool] = _installed) -> str:
-    """The checklist text; `installed` is injectable so tests need not install frameworks."""
-    have_mpi = installed("mpi4py")
+def _mpi_runs() -> bool:
+    try:
+        find_mpirun()
+    except ValueError:
+        return False
+    return mpi_library.usable()
+
+
+def report(installed: Callable[[str], bool] = _installed, mpi_runs: Callable[[], bool] = _mpi_runs) -> str:
+    """The checklist text; `installed` and `mpi_runs` are injectable so tests need not install them."""
+    have_mpi = installed("mpi4py") and mpi_runs()
     sections = [
         ("Available Frameworks", [(label, installed(fw) and installed(adapter))
                                   for label, fw, adapter in _FRAMEWORKS]),
-        # The launcher cannot drive jobs through mpirun yet, so MPI is never a controller here.
-        ("Available Controllers", [("MPI", False), ("Gloo", True)]),
+        ("Available Controllers", [("MPI", have_mpi), ("Gloo", True)]),
         ("Available Tensor Operations", [("NCCL", False), ("DDL", False), ("CCL", False),
                                          ("MPI", have_mpi), ("Gloo", True)]),
     ]

@@ -161,8 +161,8 @@ def make_parser() -> argparse.ArgumentParser:
         "(HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE). Default: 0.8.")
 
     group = parser.add_argument_group(
-        "elastic arguments", "Accepted so that Horovod command lines parse, but elastic training "
-        "is not supported yet: using any of these is an error.")
+        "elastic arguments", "Any of --min-np, --max-np or --host-discovery-script makes the job "
+        "elastic: it survives failed workers and follows the hosts discovery reports (docs/elastic.md).")
     add = group.add_argument
     add("--min-np", "--min-num-proc", dest="min_num_proc", type=int, metavar="N",
         help="Fewest processes an elastic job may run with. Default: -np.")
@@ -185,9 +185,10 @@ def make_parser() -> argparse.ArgumentParser:
     add("--timeline-filename", metavar="FILE",
         help="Record a Chrome-trace timeline of every collective to FILE (HOROVOD_TIMELINE). "
         "Default: no timeline.")
-    add("--timeline-mark-cycles", action="store_true", default=None,
-        help="Mark each background cycle in the timeline (HOROVOD_TIMELINE_MARK_CYCLES=1); "
-        "only with --timeline-filename. Default: off.")
+    _add_switch(group, "--timeline-mark-cycles", "--no-timeline-mark-cycles",
+                "Mark each background cycle in the timeline (HOROVOD_TIMELINE_MARK_CYCLES=1); "
+                "only with --timeline-filename. Default: off.",
+                "Do not mark cycles (HOROVOD_TIMELINE_MARK_CYCLES=0), e.g. over a config file.")
 
     group = parser.add_argument_group("stall check arguments")
     add = group.add_argument
@@ -204,14 +205,14 @@ def make_parser() -> argparse.ArgumentParser:
 
     group = parser.add_argument_group("library arguments")
     add = group.add_argument
-    add("--mpi-threads-disable", action="store_true", default=None,
-        help="Ask MPI for single-threaded support only (HOROVOD_MPI_THREADS_DISABLE=1). "
-        "Default: off.")
+    _add_switch(group, "--mpi-threads-disable", "--no-mpi-threads-disable",
+                "Ask MPI for single-threaded support only (HOROVOD_MPI_THREADS_DISABLE=1). Default: off.",
+                "Let MPI use threads (HOROVOD_MPI_THREADS_DISABLE=0), e.g. over a config file.")
     add("--mpi-args", metavar="ARGS",
         help="Extra arguments for mpirun. MPI controller only; ignored with Gloo.")
     add("--tcp", dest="tcp_flag", action="store_true", default=None,
-        help="Use TCP only between hosts, never InfiniBand (sets NCCL_IB_DISABLE=1). "
-        "Default: off.")
+        help="Use TCP only, never InfiniBand: sets NCCL_IB_DISABLE=1 and, with --mpi, makes Open MPI "
+        "use TCP alone (--mca btl tcp,self). Default: off.")
     add("--binding-args", metavar="ARGS",
         help="Process binding arguments for mpirun. MPI controller only; ignored with Gloo.")
     add("--num-nccl-streams", type=int, metavar="N",
@@ -232,8 +233,9 @@ def make_parser() -> argparse.ArgumentParser:
         action="store_false", default=None,
         help="Leave the time out of Horovod's log lines (HOROVOD_LOG_HIDE_TIME=1); "
         "--log-hide-timestamp is the old spelling. Default: with time.")
-    add("--log-with-timestamp", dest="log_with_timestamp", action="store_true",
-        help="Keep the time in Horovod's log lines (HOROVOD_LOG_HIDE_TIME=0).")
+    add("--log-with-timestamp", "--no-log-hide-timestamp", dest="log_with_timestamp", action="store_true",
+        help="Keep the time in Horovod's log lines (HOROVOD_LOG_HIDE_TIME=0); "
+        "--no-log-hide-timestamp is the old spelling.")
     add("-prefix-timestamp", "--prefix-output-with-timestamp", action="store_true",
         help="Start every forwarded output line with the time it was received. Default: off.")
 
@@ -249,18 +251,18 @@ def make_parser() -> argparse.ArgumentParser:
         "alternative to -H.")
     hosts.add_argument(
         "--host-discovery-script", metavar="SCRIPT",
-        help="Executable printing the current 'host:slots' lines, for elastic training "
-        "(not supported yet).")
+        help="Executable printing the current 'host[:slots]' lines, run about once a second; "
+        "makes the job elastic.")
 
     group = parser.add_argument_group("controller arguments")
     controllers = group.add_mutually_exclusive_group()
     controllers.add_argument(
         "--gloo", dest="use_gloo", action="store_true", default=None,
-        help="Coordinate the workers with our built-in Gloo-style controller (the default "
-        "and, for now, the only one).")
+        help="Start the workers with our own launcher and rendezvous (the default).")
     controllers.add_argument(
         "--mpi", dest="use_mpi", action="store_true", default=None,
-        help="Launch through mpirun instead (not available yet).")
+        help="Launch the job through mpirun (Open MPI, MPICH or Intel MPI, detected); ranks "
+        "meet and, unless HOROVOD_CPU_OPERATIONS says otherwise, exchange data through MPI.")
     controllers.add_argument(
         "--jsrun", dest="use_jsrun", action="store_true", default=None,
         help="Launch through IBM jsrun on LSF clusters (not available).")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Mapping
 
 _HOST_ENTRY = re.compile(r"^[\w.-]+:[0-9]+$")
 _HOSTFILE_LINE = re.compile(r"^(?P<host>[\w.-]+)(?:\s+slots\s*=\s*(?P<slots>[0-9]+))?$")
@@ -134,3 +135,42 @@ def get_host_assignments(hosts: list[HostInfo], num_proc: int) -> list[SlotInfo]
             )
             rank += 1
     return slots
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Slurm's compressed host list (`node[01-03,7],login`) as names (`node01 node02 node03 node7 login`)."""
+    names: list[str] = []
+    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
+        if plain:
+            names.append(plain)
+            continue
+        for part in ranges.split(","):
+            low, _, high = part.partition("-")
+            width = len(low)
+            names += [f"{prefix}{n:0{width}d}" for n in range(int(low), int(high or low) + 1)]
+    return names
+
+
+def expand_tasks_per_node(spec: str) -> list[int]:
+    """Slurm's tasks per node (`2(x3),1`) as one count per node (`[2, 2, 2, 1]`)."""
+    counts: list[int] = []
+    for part in spec.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not match:
+            raise ValueError(f"SLURM_TASKS_PER_NODE={spec!r} is not Slurm's format")
+        counts += [int(match[1])] * int(match[2] or 1)
+    return counts
+
+
+def slurm_allocation(env: Mapping[str, str]) -> list[HostInfo] | None:
+    """The hosts and slots of the Slurm allocation this launcher runs in; None outside one."""
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist or not env.get("SLURM_JOB_ID"):
+        return None
+    names = expand_nodelist(nodelist)
+    tasks = env.get("SLURM_TASKS_PER_NODE") or env.get("SLURM_JOB_CPUS_PER_NODE") or ""
+    counts = expand_tasks_per_node(tasks) if tasks else [1] * len(names)
+    if len(counts) != len(names):
+        raise ValueError(f"the Slurm allocation lists {len(names)} nodes ({nodelist}) but tasks for "
+                         f"{len(counts)} ({tasks})")
+    return _check_unique([HostInfo(name, slots) for name, slots in zip(names, counts)])

@@ -97,7 +97,9 @@ class JobSpec:
     failure_detection_seconds: float = DEFAULT_FAILURE_DETECTION_SECONDS
 
 
-class _Interrupted(Exception):
+class Interrupted(Exception):
+    """A stop signal reached the launcher while it waited for workers."""
+
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
@@ -206,7 +208,7 @@ class Job:
                             self._record_exit(*exited)
                             if exited[1] != 0:
                                 failed.append(exited[0])
-            except _Interrupted:
+            except Interrupted:
                 pass
             finally:
                 self._raise_on_signal = False
@@ -225,13 +227,17 @@ class Job:
             return JobResult(128 + self._signum, None, self._signum)
         return JobResult(0)
 
+    def result_ranks(self) -> list[int]:
+        """The ranks whose `horovod.run` results the caller gets, in order: every rank."""
+        return [slot.rank for slot in self.spec.slots]
+
     def _next_exit(self, exits: "queue.Queue[tuple[WorkerProcess, int]]",
                    timeout: float) -> tuple[WorkerProcess, int] | None:
         """The next worker to exit within `timeout` seconds, or None; a signal interrupts the wait."""
         self._raise_on_signal = True  # set before the check: no signal slips between
         try:
             if self._signum is not None:
-                raise _Interrupted(self._signum)
+                raise Interrupted(self._signum)
             return exits.get(timeout=max(0.0, timeout))
         except queue.Empty:
             return None
@@ -306,7 +312,7 @@ class Job:
             self._signum = signum
             if self._raise_on_signal:
                 self._raise_on_signal = False
-                raise _Interrupted(signum)
+                raise Interrupted(signum)
 
     @contextlib.contextmanager
     def _signal_handlers(self) -> Iterator[None]:

@@ -18,10 +18,12 @@ from typing import Iterable, Sequence
 from horovod.common import logging as hvd_logging
 from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS, env_float
 from horovod.runner import check_build, config_file, env_builder, noop_flags
+from horovod.runner.elastic import setup as elastic_setup
+from horovod.runner.elastic.driver import ElasticDriver
 from horovod.runner.flags import ELASTIC_DESTS, make_parser
-from horovod.runner.hosts import HostInfo, get_host_assignments, parse_hostfile, parse_hosts
+from horovod.runner.hosts import HostInfo, get_host_assignments, parse_hostfile, parse_hosts, slurm_allocation
 from horovod.runner.job import Job, JobSpec
-from horovod.runner.launchers import OutputOptions
+from horovod.runner.launchers import OutputOptions, mpirun
 from horovod.runner.report import JobResult, format_result
 
 log = logging.getLogger("horovod.runner")
@@ -60,16 +62,15 @@ def default_args() -> argparse.Namespace:
 
 def validate(args: argparse.Namespace) -> None:
     """Refuse what this launcher cannot do, with a message that says what to do instead."""
-    used = [flag for dest, flag in ELASTIC_DESTS.items() if getattr(args, dest, None) is not None]
-    if used:
-        raise NotImplementedError(
-            f"elastic training is not supported yet ({', '.join(used)} given); run a fixed-size "
-            "job with -np instead"
-        )
+    if elastic_setup.is_elastic(args):
+        elastic_setup.validate(args)
+    else:
+        used = [flag for dest, flag in ELASTIC_DESTS.items() if getattr(args, dest, None) is not None]
+        if used:
+            raise ValueError(f"{', '.join(used)} only apply to an elastic job: add --min-np, --max-np "
+                             "or --host-discovery-script")
     if getattr(args, "use_gloo", None) and getattr(args, "use_mpi", None):
         raise ValueError("choose one controller: Gloo or MPI, not both")
-    if getattr(args, "use_mpi", None):
-        raise NotImplementedError("MPI controller not available yet: use --gloo (the default)")
     if getattr(args, "use_jsrun", None):
         raise NotImplementedError("jsrun controller not available: use --gloo (the default)")
     if args.hosts and args.hostfile:
@@ -81,18 +82,19 @@ def validate(args: argparse.Namespace) -> None:
         if value is not None and value < 0:
             raise ValueError(f"{name}={value} must be >= 0")
     env_builder.validate(args)
-    for dest, flag in (("mpi_args", "--mpi-args"), ("binding_args", "--binding-args")):
-        if getattr(args, dest, None):
-            log.warning("%s only applies to the MPI controller; ignored with Gloo", flag)
+    for dest, flag in (("mpi_args", "--mpi-args"), ("binding_args", "--binding-args"), ("tcp_flag", "--tcp")):
+        if getattr(args, dest, None) and not getattr(args, "use_mpi", None):
+            log.warning("%s only applies to the MPI controller (--mpi); ignored with Gloo", flag)
 
 
 def host_list(args: argparse.Namespace) -> list[HostInfo]:
-    """The hosts of the job: -H, else --hostfile, else this machine with -np slots."""
+    """The hosts of the job: -H, else --hostfile, else the Slurm allocation we run in, else this
+    machine with -np slots."""
     if args.hosts:
         return parse_hosts(args.hosts)
     if args.hostfile:
         return parse_hostfile(args.hostfile)
-    return [HostInfo("localhost", args.num_proc)]
+    return slurm_allocation(os.environ) or [HostInfo("localhost", args.num_proc)]
 
 
 def plan_job(args: argparse.Namespace, command: Sequence[str]) -> JobSpec:
@@ -100,7 +102,7 @@ def plan_job(args: argparse.Namespace, command: Sequence[str]) -> JobSpec:
     if not command:
         raise ValueError("no command given: put the program to run after the flags, "
                          "e.g. horovodrun -np 2 python train.py")
-    slots = get_host_assignments(host_list(args), args.num_proc)
+    slots = [] if args.host_discovery_script else get_host_assignments(host_list(args), args.num_proc)
     extra_env = env_builder.horovod_env(args)
     # What the workers will see: a flag wins, else the launcher's own environment, else the default.
     worker_view = {**os.environ, **extra_env}
@@ -122,6 +124,14 @@ def plan_job(args: argparse.Namespace, command: Sequence[str]) -> JobSpec:
     )
 
 
+def make_job(args: argparse.Namespace, spec: JobSpec) -> Job:
+    """The job a command line asks for: a fixed one, or an elastic one (`horovod.runner.elastic`)."""
+    if not elastic_setup.is_elastic(args):
+        return Job(spec)
+    job_spec, elastic = elastic_setup.elastic_job(args, spec)
+    return ElasticDriver(job_spec, elastic)
+
+
 def _run(args: argparse.Namespace) -> int:
     """Run a parsed command line; returns horovodrun's exit status."""
     if args.check_build:
@@ -130,12 +140,15 @@ def _run(args: argparse.Namespace) -> int:
     try:
         validate(args)
         spec = plan_job(args, args.command)
-    except (ValueError, NotImplementedError, OSError) as exc:
+        job = make_job(args, spec)
+    except (ValueError, NotImplementedError, OSError, RuntimeError) as exc:
         print(f"horovodrun: error: {exc}", file=sys.stderr)
         return 2
     noop_flags.warn_noop_flags(args)
+    if args.use_mpi:
+        return _run_mpi(args, spec)
     try:
-        with Job(spec) as job:
+        with job:
             result: JobResult = job.run()
     except FileNotFoundError as exc:
         print(f"horovodrun: error: cannot start {spec.command[0]!r}: {exc.strerror}", file=sys.stderr)
@@ -144,6 +157,19 @@ def _run(args: argparse.Namespace) -> int:
     if message:
         print(message, file=sys.stderr, flush=True)
     return result.exit_code
+
+
+def _run_mpi(args: argparse.Namespace, spec: JobSpec) -> int:
+    """`--mpi`: the same plan, started by mpirun (its exit status; mpirun names a failed rank)."""
+    env = {**os.environ, **spec.extra_env}
+    job = mpirun.MpiJob(num_proc=args.num_proc, hosts=tuple(host_list(args)), command=spec.command,
+                        env_names=mpirun.exportable(env), mpi_args=args.mpi_args,
+                        binding_args=args.binding_args, nics=spec.nics, tcp_only=bool(args.tcp_flag))
+    try:
+        return mpirun.run(job, env)
+    except (ValueError, OSError) as exc:
+        print(f"horovodrun: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def run_commandline(argv: Sequence[str] | None = None) -> None:

@@ -29,27 +29,20 @@ class NoopFlag:
     why: str
 
 
-_NO_AUTOTUNE = "autotuning is not implemented"
 _NO_NCCL = "there is no NCCL backend"
 
 NOOP_FLAGS: tuple[NoopFlag, ...] = (
     NoopFlag("disable_cache", "--disable-cache", "this launcher keeps no cache to disable"),
     NoopFlag("torus_allreduce", "--torus-allreduce", _NO_NCCL),
-    NoopFlag("autotune", "--autotune", _NO_AUTOTUNE),
-    NoopFlag("autotune_log_file", "--autotune-log-file", _NO_AUTOTUNE),
-    NoopFlag("autotune_warmup_samples", "--autotune-warmup-samples", _NO_AUTOTUNE),
-    NoopFlag("autotune_steps_per_sample", "--autotune-steps-per-sample", _NO_AUTOTUNE),
-    NoopFlag("autotune_bayes_opt_max_samples", "--autotune-bayes-opt-max-samples", _NO_AUTOTUNE),
-    NoopFlag("autotune_gaussian_process_noise", "--autotune-gaussian-process-noise", _NO_AUTOTUNE),
-    NoopFlag("mpi_threads_disable", "--mpi-threads-disable", "there is no MPI controller"),
-    NoopFlag("tcp_flag", "--tcp", "there is no InfiniBand path to turn off; traffic is TCP already"),
+    NoopFlag("mpi_threads_disable", "--mpi-threads-disable",
+             "the MPI path always needs MPI_THREAD_MULTIPLE (the engine calls MPI from two threads)"),
     NoopFlag("num_nccl_streams", "--num-nccl-streams", _NO_NCCL),
     NoopFlag("thread_affinity", "--thread-affinity", "the background thread is not pinned to a core"),
 )
 
 
 def _asks_for_something(value: Any) -> bool:
-    """A flag left unset, or a switch turned off (`--no-autotune`), asks for nothing we lack."""
+    """A flag left unset, or a switch turned off (`--no-...`), asks for nothing we lack."""
     return value is not None and value is not False
 
 

@@ -67,6 +67,7 @@ class JobResult:
     exit_code: int
     failure: WorkerFailure | None = None
     signal_received: int | None = None
+    reason: str | None = None  # why the job was stopped when no worker failure explains it (elastic)
 
     @property
     def ok(self) -> bool:
@@ -103,7 +104,10 @@ def format_failure(failure: WorkerFailure) -> str:
 def format_result(result: JobResult) -> str | None:
     """What the launcher prints at the end of a job that did not succeed (None when it did)."""
     if result.failure is not None:
-        return format_failure(result.failure)
+        text = format_failure(result.failure)
+        return f"{text}\nThe elastic job stopped because {result.reason}." if result.reason else text
+    if result.reason is not None:
+        return f"The job was stopped: {result.reason}." 
     if result.signal_received is not None:
         name = signal.Signals(result.signal_received).name
         return f"horovodrun received {name}; all worker processes were stopped."

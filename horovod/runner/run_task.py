@@ -33,6 +33,8 @@ def main() -> int:
     try:
         func, args, kwargs = cloudpickle.loads(client.get("runfunc", "func", settings.start_timeout))
         result = func(*args, **kwargs)
+        if basics.is_initialized():  # an elastic job's rank is the one of the round it finished in
+            rank = str(basics.rank())
         client.put("runfunc_result", rank, cloudpickle.dumps(result))
     except Exception as exc:
         # As for an uncaught exception: recorded (with the peers this rank saw leave first, when

@@ -14,7 +14,7 @@
         hvd.broadcast_variables(model.variables + optimizer.variables, root_rank=0)
 
 Collectives run on the CPU through the host (`device_dense`/`device_sparse` arguments are
-accepted and ignored). Not supported: XLA (`jit_compile=True`) around a collective, Adasum.
+accepted and ignored). Not supported: XLA (`jit_compile=True`) around a collective.
 """
 
 from horovod.common import *  # noqa: F401,F403  (basics, op constants, process sets)
@@ -57,3 +57,12 @@ __all__ = list(_common_all) + [
     "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "join", "local_rank_op", "local_size_op",
     "process_set_included_op", "rank_op", "reducescatter", "size_op",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """`hvd.elastic` is imported on first use: it brings in Keras, which plain TensorFlow users need not load."""
+    if name == "elastic":
+        import importlib
+
+        return importlib.import_module("horovod.tensorflow.elastic")
+    raise AttributeError(f"module 'horovod.tensorflow' has no attribute {name!r}")

@@ -26,11 +26,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import control_flow_util
 
 from horovod.common import basics
-from horovod.common.collective_rules import CORE_CALLS, KEEPS_SHAPE, SPARSE_OPS
+from horovod.common.collective_rules import CORE_CALLS, KEEPS_SHAPE
 from horovod.common.process_sets import ProcessSet
-from horovod.common.reduce_ops import DTYPE_NAMES, Average
+from horovod.common.reduce_ops import DTYPE_NAMES, Adasum, Average
 
 # Public entry points are not rewritten by AutoGraph when called from a tf.function: they are
 # plain Python that builds the graph as it is.
@@ -70,6 +71,7 @@ def run(jobs: Sequence[Job], label: str = "HorovodCollective") -> list[list[tf.T
     if tf.executing_eagerly():
         outputs = [tf.convert_to_tensor(r, dtype=d) for r, d in zip(_host_run(jobs, flat), dtypes)]
     else:
+        _refuse_xla(label)
         outputs = tf.py_function(lambda *tensors: _host_run(jobs, tensors), flat, Tout=dtypes, name=label)
         for out, shape in zip(outputs, (s for job in jobs for s in job.shapes)):
             out.set_shape(shape)
@@ -78,6 +80,19 @@ def run(jobs: Sequence[Job], label: str = "HorovodCollective") -> list[list[tf.T
         grouped.append(list(outputs[at:at + len(job.dtypes)]))
         at += len(job.dtypes)
     return grouped
+
+
+def _refuse_xla(label: str) -> None:
+    """Fail while tracing, naming the function, rather than when XLA compiles it: a collective is a
+    call back into Python (`tf.py_function`), which XLA cannot make. Horovod compiles its
+    collectives into XLA custom calls from C++; a pure-Python package has no way to register one."""
+    graph = tf.compat.v1.get_default_graph()
+    if control_flow_util.GraphOrParentsInXlaContext(graph):
+        raise NotImplementedError(
+            f"{label} inside tf.function(jit_compile=True) (function {graph.name!r}): XLA cannot call back into "
+            "Python, and khorovod's collectives run there. Keep the Horovod calls outside the jit-compiled "
+            "function (compile the model's forward and backward, reduce the gradients outside), or drop "
+            "jit_compile=True (Keras: model.compile(jit_compile=False)).")
 
 
 def differentiable(forward: Callable[[list[tf.Tensor]], list[tf.Tensor]],
@@ -150,9 +165,12 @@ def rows_unknown(shape: tf.TensorShape) -> tf.TensorShape:
 
 
 def check_sparse_op(op: int) -> None:
-    if op not in SPARSE_OPS:
-        raise NotImplementedError("allreduce of tf.IndexedSlices supports op=Average and op=Sum only; "
-                                  "convert the gradient to a dense tensor (sparse_as_dense=True) for other ops")
+    """IndexedSlices are combined by gathering them, whatever the op (as Horovod does: Min, Max and
+    Product gather like Sum, and the slices add up where they are applied); only Adasum, which
+    needs dense vectors, is refused."""
+    if op == Adasum:
+        raise NotImplementedError("allreduce of tf.IndexedSlices does not support op=Adasum; convert the "
+                                  "gradient to a dense tensor (sparse_as_dense=True)")
 
 
 # -- jobs: one per core collective ---------------------------------------------------------------------

@@ -253,10 +253,9 @@ def _reducescatter(tensors: Sequence[Any], name: str | None, op: int, prescale_f
     inputs = [checked_tensor(t, "reducescatter") for t in tensors]
     if not inputs:
         return []
-    if op not in (Average, Sum):
-        raise ValueError("reducescatter supports op=Average and op=Sum only")
     kind = "HorovodGroupedReducescatter" if grouped else "HorovodReducescatter"
     full_name = op_name(kind, inputs, name, ignore_name_scope)
+    core.check_reducescatter_op(op, full_name)
 
     def forward(xs: list[tf.Tensor]) -> list[tf.Tensor]:
         job = core_job("reducescatter", xs, grouped, full_name, op, prescale_factor, postscale_factor, process_set)

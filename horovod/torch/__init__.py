@@ -16,6 +16,7 @@ Run it with `horovodrun -np 4 python train.py`. See docs/torch.md.
 
 from horovod.common import *  # noqa: F401,F403  (basics, op constants, process sets, exceptions)
 from horovod.common import __all__ as _common_all
+from horovod.torch import elastic
 from horovod.torch.compression import Compression
 from horovod.torch.functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from horovod.torch.mpi_ops import (
@@ -52,7 +53,7 @@ from horovod.torch.optimizer import DistributedOptimizer
 from horovod.torch.sync_batch_norm import SyncBatchNorm
 
 __all__ = sorted(set(_common_all) | {
-    "Compression", "DistributedOptimizer", "SyncBatchNorm", "allgather", "allgather_async", "allgather_object",
+    "Compression", "DistributedOptimizer", "elastic", "SyncBatchNorm", "allgather", "allgather_async", "allgather_object",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
     "broadcast_optimizer_state", "broadcast_parameters", "grouped_allgather", "grouped_allgather_async",

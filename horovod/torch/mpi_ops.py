@@ -17,21 +17,30 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from horovod.common import *  # noqa: F401,F403  Horovod's mpi_ops re-exports the basics: scripts import them here
+from horovod.common import __all__ as _common_all
 from horovod.common import basics, collective_rules, ops
 from horovod.common.gradients import resolve_op
+from horovod.common.util import check_extension, gpu_available, num_rank_is_power_2, split_list  # noqa: F401
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Adasum, Average, Max, Min, Product, Sum
 from horovod.torch._bridge import Pending, members, run, start
 from horovod.torch.compression import Compression, Compressor
 
-__all__ = [
+__all__ = sorted({
     "Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allgather_async", "allreduce",
     "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast",
     "broadcast_", "broadcast_async", "broadcast_async_", "grouped_allgather", "grouped_allgather_async",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "grouped_reducescatter", "grouped_reducescatter_async", "init", "join", "poll", "reducescatter",
     "reducescatter_async", "sparse_allreduce_async", "synchronize",
-]
+    "check_extension", "check_num_rank_power_of_2", "gpu_available", "handle_average_backwards_compatibility",
+    "split_list", *_common_all,
+})
+
+# Horovod's names for two helpers: `(op, average) -> op` and "is the rank count a power of 2".
+handle_average_backwards_compatibility = resolve_op
+check_num_rank_power_of_2 = num_rank_is_power_2
 
 
 # -- integer handles ----------------------------------------------------------------------------------

@@ -10,8 +10,9 @@ optimizer object: `state`, `param_groups` and `defaults` are `opt`'s own, anythi
 defined here is looked up on `opt`, and `isinstance(wrapper, type(opt))` is true because the
 wrapper reports `opt`'s class as its `__class__`. No class is created at run time, the wrapped
 optimizer's `step` runs exactly once per step (its hooks once too), and an LR scheduler or
-checkpoint made for `opt` before wrapping keeps working. `type(wrapper)` is honest:
-`_DistributedOptimizer`.
+checkpoint made for `opt` before wrapping keeps working. `type(wrapper)` is a subclass of
+`_DistributedOptimizer` named after `opt`'s class (`type(wrapper).__name__ == "SGD"`, as with
+Horovod, whose wrapper subclasses the user's class), made once per optimizer class.
 
 Gradient accumulation (`backward_passes_per_step=k`): the allreduce of a parameter starts on
 its k-th backward pass. If `step()` or `synchronize()` comes earlier, e.g. on the last, shorter
@@ -23,6 +24,8 @@ epoch starts with a clean cycle. Every rank must still call `step()` the same nu
 from __future__ import annotations
 
 import contextlib
+import functools
+import warnings
 from collections import Counter
 import weakref
 from typing import Any, Callable, Iterator, Sequence
@@ -36,6 +39,7 @@ from horovod.common.reduce_ops import Adasum, Average
 from horovod.common.settings import Settings
 from horovod.torch.compression import Compression, Compressor
 from horovod.torch._bridge import Pending, start
+from horovod.torch.adasum_optimizer import DistributedAdasumOptimizer
 from horovod.torch.mpi_ops import sparse_allreduce_async
 
 __all__ = ["DistributedOptimizer"]
@@ -194,6 +198,11 @@ class _DistributedOptimizer:
         A rank that ran no backward since its last step still reduces (its gradients, zeros
         where there are none), so ranks that skip a batch never leave the others waiting."""
         if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() was called after an explicit optimizer.synchronize() without "
+                              "`with optimizer.skip_synchronize():`. The gradients already averaged are used, "
+                              "but wrap step() in skip_synchronize() when you synchronize yourself.",
+                              UserWarning, stacklevel=2)
             self.synchronize()
         try:
             if closure is None:
@@ -285,18 +294,24 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
       otherwise parameters are named by position). Names must be unique and cover every parameter.
     compression: `Compression.none`, `.fp16` or `.bf16` for the gradients on the wire.
     backward_passes_per_step: backward passes accumulated locally before each allreduce.
-    op: `Average` or `Sum` (`Adasum` is not implemented yet).
+    op: `Average`, `Sum`, or `Adasum` (the delta optimizer of `horovod.torch.adasum_optimizer`).
     gradient_predivide_factor: with Average, divide by this before the sum and by size/factor after.
     groups: an int N to reduce the parameters in N grouped allreduces, or a list of parameter lists
       (each reduced as one; parameters in no list go alone). `num_groups` is its deprecated name.
     sparse_as_dense: reduce sparse gradients as dense tensors instead of by gathering.
     """
-    if op == Adasum:
-        raise NotImplementedError(
-            "DistributedOptimizer(op=Adasum) is not implemented in khorovod yet: it needs the Adasum "
-            "reduction (its own issue) and the delta-optimizer built on it. Use op=hvd.Average.")
     if backward_passes_per_step <= 0:
         raise ValueError(f"backward_passes_per_step must be > 0, got {backward_passes_per_step}")
+    if op == Adasum:
+        return DistributedAdasumOptimizer(optimizer, compression, process_set)
     reducer = GradientReducer("DistributedOptimizer", op, gradient_predivide_factor, num_groups, groups,
                               process_set, compression)
-    return _DistributedOptimizer(optimizer, named_parameters, reducer, backward_passes_per_step, sparse_as_dense)
+    wrapper = _named_wrapper(type(optimizer))
+    return wrapper(optimizer, named_parameters, reducer, backward_passes_per_step, sparse_as_dense)
+
+
+@functools.cache
+def _named_wrapper(optimizer_class: type) -> type[_DistributedOptimizer]:
+    """The wrapper class under the wrapped class's name, for code that logs or checks
+    `type(opt).__name__`; it adds nothing else."""
+    return type(optimizer_class.__name__, (_DistributedOptimizer,), {"__module__": __name__})

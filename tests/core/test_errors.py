@@ -102,7 +102,7 @@ attempt("contiguous", lambda: hvd.allreduce_async(np.ones((4, 4))[:, 1]))
 attempt("rs_op", lambda: hvd.reducescatter(np.ones(4), op=hvd.Max))
 attempt("bool_avg", lambda: hvd.allreduce(np.ones(2, bool)))
 attempt("scalar_gather", lambda: hvd.allgather(np.float32(1.0).reshape(())))
-attempt("adasum", lambda: hvd.allreduce(np.ones(2), op=hvd.Adasum), NotImplementedError)
+attempt("adasum", lambda: hvd.allreduce(np.ones(2, np.int32), op=hvd.Adasum))
 ps = hvd.ProcessSet([0])
 attempt("unregistered", lambda: hvd.allreduce(np.ones(2), process_set=ps))
 # the job is still fine, and nothing was sent for the rejected calls

@@ -123,3 +123,18 @@ def test_assignment_invariants(slot_counts, data):
     used = [h for h in hosts if any(s.hostname == h.hostname for s in slots)]
     for host in used[:-1]:
         assert sum(s.hostname == host.hostname for s in slots) == host.slots
+
+
+def test_slurm_allocations_become_hosts():
+    from horovod.runner.hosts import expand_nodelist, expand_tasks_per_node, slurm_allocation
+
+    assert expand_nodelist("node[01-03,7],login,a[9-10]") == ["node01", "node02", "node03", "node7", "login",
+                                                             "a9", "a10"]
+    assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "4(x2)"}
+    assert slurm_allocation(env) == [HostInfo("n1", 4), HostInfo("n2", 4)]
+    assert slurm_allocation({"SLURM_JOB_NODELIST": "n1"}) is None  # not inside a job
+    with pytest.raises(ValueError, match="lists 2 nodes"):
+        slurm_allocation({**env, "SLURM_TASKS_PER_NODE": "4"})
+    with pytest.raises(ValueError, match="not Slurm's format"):
+        expand_tasks_per_node("many")

@@ -88,18 +88,28 @@ def test_mutually_exclusive_flags(flags, capsys):
 
 
 @pytest.mark.parametrize("flags", [
-    ["--min-np", "1"], ["--max-np", "4"], ["--host-discovery-script", "d.sh"], ["--slots-per-host", "2"],
-    ["--elastic-timeout", "60"], ["--reset-limit", "3"], ["--blacklist-cooldown-range", "10", "100"],
+    ["--min-np", "1"], ["--max-np", "4"], ["--host-discovery-script", "d.sh"],
+    ["--min-np", "1", "--slots-per-host", "2", "--elastic-timeout", "60", "--reset-limit", "3",
+     "--blacklist-cooldown-range", "10", "100"],
 ])
-def test_elastic_flags_are_accepted_but_refused(flags):
-    args = parse_args(["-np", "2", *flags, "python", "train.py"])
-    with pytest.raises(NotImplementedError, match="elastic training is not supported yet"):
-        validate(args)
+def test_elastic_flags_make_an_elastic_job(flags):
+    validate(parse_args(["-np", "2", *flags, "python", "train.py"]))
 
 
-def test_mpi_and_jsrun_are_refused():
-    with pytest.raises(NotImplementedError, match=r"MPI controller not available yet: use --gloo \(the default\)"):
-        validate(parse_args(["-np", "1", "--mpi", "x"]))
+@pytest.mark.parametrize("flags, message", [
+    (["--slots-per-host", "2"], "only apply to an elastic job"),
+    (["--reset-limit", "3"], "only apply to an elastic job"),
+    (["--min-np", "3", "--max-np", "2"], "--min-np 3 is larger than --max-np 2"),
+    (["--min-np", "1", "--blacklist-cooldown-range", "5", "2"], "need 1 <= MIN <= MAX"),
+    (["--min-np", "0"], "--min-np 0 is out of range"),
+])
+def test_inconsistent_elastic_flags_are_refused(flags, message):
+    with pytest.raises(ValueError, match=message):
+        validate(parse_args(["-np", "2", *flags, "python", "train.py"]))
+
+
+def test_jsrun_is_refused_and_mpi_accepted():
+    validate(parse_args(["-np", "1", "--mpi", "x"]))
     with pytest.raises(NotImplementedError, match="jsrun"):
         validate(parse_args(["-np", "1", "--jsrun", "x"]))
 
@@ -145,14 +155,14 @@ def test_too_many_processes_is_reported(capsys):
 
 def test_check_build_format():
     have = {"torch", "horovod.torch", "tensorflow", "mpi4py"}
-    assert check_build.report(lambda name: name in have) == (
+    assert check_build.report(lambda name: name in have, mpi_runs=lambda: True) == (
         f"Horovod v{__version__}:\n\n"
         "Available Frameworks:\n"
         "    [ ] TensorFlow\n"  # the framework is there but our adapter is not
         "    [X] PyTorch\n"
         "    [ ] MXNet\n\n"
         "Available Controllers:\n"
-        "    [ ] MPI\n"
+        "    [X] MPI\n"
         "    [X] Gloo\n\n"
         "Available Tensor Operations:\n"
         "    [ ] NCCL\n"
@@ -167,3 +177,4 @@ def test_check_build_needs_no_np(capsys):
     assert launch._run(parse_args(["--check-build"])) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"Horovod v{__version__}:") and "[X] Gloo" in out
+    assert check_build.report(lambda name: name != "mpi4py").count("[ ] MPI") == 2  # no mpi4py: no MPI at all

@@ -49,11 +49,14 @@ def test_flags_that_work_do_not_warn(caplog):
                "--stall-check-shutdown-time-seconds", "20", "--gloo-timeout-seconds", "5",
                "--log-level", "INFO", "--log-without-timestamp", "--start-timeout", "9", "--verbose",
                "--output-filename", "out", "-prefix-timestamp", "--network-interfaces", "lo",
+               "--autotune", "--autotune-log-file", "tune.csv", "--autotune-warmup-samples", "1",
+               "--autotune-steps-per-sample", "2", "--autotune-bayes-opt-max-samples", "5",
+               "--autotune-gaussian-process-noise", "0.5",
                # Switching a missing feature off asks for nothing that is missing.
-               "--no-autotune", "--no-torus-allreduce"]
+               "--no-torus-allreduce"]
     assert warnings_for(caplog, *working) == []
     for flag in working:
-        if flag.startswith("-") and flag not in ("--no-autotune", "--no-torus-allreduce"):
+        if flag.startswith("-") and flag != "--no-torus-allreduce":
             assert "no effect" not in (ACTIONS[flag].help or ""), flag
 
 
@@ -62,9 +65,7 @@ def test_config_file_keys_warn_naming_flag_and_key(caplog, tmp_path):
     path.write_text("autotune:\n  enabled: true\nlibrary_options:\n  num_nccl_streams: 2\n"
                     "  gloo_timeout_seconds: 5\n")
     messages = warnings_for(caplog, "--config-file", str(path), "--autotune")
-    assert sorted(messages) == [
-        "--autotune (or autotune.enabled in a config file) is accepted but has no effect here: "
-        "autotuning is not implemented",
+    assert sorted(messages) == [  # autotune works: only the NCCL key warns
         "--num-nccl-streams (or library_options.num_nccl_streams in a config file) is accepted but has "
         "no effect here: there is no NCCL backend",
     ]
@@ -73,9 +74,9 @@ def test_config_file_keys_warn_naming_flag_and_key(caplog, tmp_path):
 def test_horovodrun_warns_once_per_flag_and_still_runs(tmp_path):
     path = tmp_path / "h.yaml"
     path.write_text("library_options:\n  thread_affinity: '0'\n")
-    proc = horovodrun("-np", "1", "--tcp", "--tcp", "--autotune", "--config-file", str(path),
+    proc = horovodrun("-np", "1", "--torus-allreduce", "--torus-allreduce", "--mpi-threads-disable", "--config-file", str(path),
                       "--fusion-threshold-mb", "8", "true", timeout=30)
     assert proc.returncode == 0, proc.stderr
-    for flag in ("--tcp", "--autotune", "--thread-affinity"):
+    for flag in ("--torus-allreduce", "--mpi-threads-disable", "--thread-affinity"):
         assert proc.stderr.count(f"{flag} ") == 1, proc.stderr
     assert proc.stderr.count("has no effect here") == 3 and "fusion" not in proc.stderr

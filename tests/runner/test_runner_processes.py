@@ -231,8 +231,8 @@ def test_secret_key_is_never_on_a_command_line():
 
 def test_usage_errors_exit_2_without_starting_workers():
     for args, message in [
-        (["-np", "2", "--min-np", "1", PY, "-c", "pass"], "elastic training is not supported yet"),
-        (["-np", "2", "--mpi", PY, "-c", "pass"], "MPI controller not available yet"),
+        (["-np", "2", "--min-np", "3", "--max-np", "2", PY, "-c", "pass"], "--min-np 3 is larger than --max-np 2"),
+        (["-np", "2", "--jsrun", PY, "-c", "pass"], "jsrun controller not available"),
         (["-np", "3", "-H", "localhost:2", PY, "-c", "pass"], "Requested more processes (3)"),
         (["-np", "1", "-H", "bad host:1", PY, "-c", "pass"], "invalid host entry"),
         (["-np", "1"], "no command given"),

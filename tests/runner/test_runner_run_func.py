@@ -60,10 +60,9 @@ def test_np_is_a_deprecated_alias():
 
 @pytest.mark.parametrize("kwargs, error, message", [
     ({"hosts": "localhost:1", "hostfile": "hosts.txt"}, ValueError, "mutually exclusive"),
-    ({"min_num_proc": 1}, NotImplementedError, "elastic training is not supported yet"),
-    ({"max_np": 4}, NotImplementedError, "elastic training is not supported yet"),
-    ({"host_discovery_script": "d.sh"}, NotImplementedError, "elastic training is not supported yet"),
-    ({"use_mpi": True}, NotImplementedError, "MPI controller not available yet"),
+    ({"min_num_proc": 3, "max_np": 2}, ValueError, "--min-np 3 is larger than --max-np 2"),
+    ({"host_discovery_script": "/nonexistent/d.sh"}, RuntimeError, "cannot run host discovery script"),
+    ({"use_mpi": True}, NotImplementedError, r"use_mpi=True\) is not available"),
     ({"use_gloo": True, "use_mpi": True}, ValueError, "not both"),
     ({"num_proc": 3, "hosts": "localhost:2"}, ValueError, r"Requested more processes \(3\)"),
 ])

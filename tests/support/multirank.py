@@ -50,13 +50,14 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def hvdrun(code: str, np: int = 2, env: dict[str, str] | None = None, timeout: float = 90.0,
-           args: list[str] | None = None) -> RunResult:
-    """Run `code` (dedented) as a script on `np` ranks; never hangs past `timeout`."""
+           args: list[str] | None = None, python: str | None = None) -> RunResult:
+    """Run `code` (dedented) as a script on `np` ranks; never hangs past `timeout`. The ranks run
+    `python` (default: this interpreter), e.g. another virtual environment's."""
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "snippet.py"
         script.write_text(_PRELUDE + textwrap.dedent(code))
         argv = [sys.executable, "-m", "horovod.runner.launch", "-np", str(np), *(args or []),
-                sys.executable, str(script)]
+                python or sys.executable, str(script)]
         with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env(env),
                               cwd=tmp) as proc:
             try:

@@ -104,11 +104,21 @@ def test_deprecated_average_argument():
         hvd.allreduce(torch.ones(2), average=True, op=hvd.Sum)
 
 
-def test_adasum_names_the_missing_issue():
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        hvd.allreduce(torch.ones(2), op=hvd.Adasum)
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        hvd.DistributedOptimizer(torch.optim.SGD(make_model().parameters(), lr=0.1), op=hvd.Adasum)
+def test_adasum_optimizer_on_one_rank_is_the_wrapped_optimizer():
+    """Adasum of one rank's delta is that delta: the step equals plain SGD's, and the wrapper
+    passes for the wrapped class."""
+    plain, wrapped = make_model(), make_model()
+    x = torch.randn(8, 4)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9), op=hvd.Adasum)
+    ref = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
+    assert isinstance(opt, torch.optim.SGD)
+    for _ in range(2):
+        for model, optimizer in ((plain, ref), (wrapped, opt)):
+            optimizer.zero_grad()
+            model(x).pow(2).sum().backward()
+            optimizer.step()
+    for a, b in zip(plain.parameters(), wrapped.parameters()):
+        torch.testing.assert_close(a, b)
 
 
 def test_compression_round_trips():
@@ -150,7 +160,7 @@ def test_wrapper_is_the_users_optimizer():
     sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     opt = hvd.DistributedOptimizer(sgd, named_parameters=model.named_parameters())
     assert isinstance(opt, torch.optim.SGD) and isinstance(opt, torch.optim.Optimizer)
-    assert opt.__class__ is torch.optim.SGD and type(opt).__name__ == "_DistributedOptimizer"
+    assert opt.__class__ is torch.optim.SGD and type(opt).__name__ == "SGD"
     assert opt.param_groups is sgd.param_groups and opt.state is sgd.state and opt.defaults is sgd.defaults
     assert "SGD" in repr(opt)
     scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)

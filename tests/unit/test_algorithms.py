@@ -11,10 +11,11 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from horovod.common.algorithms import Scratch, pairwise, ring
+from horovod.common.algorithms import Scratch, adasum, pairwise, ring, segment_bounds
 from horovod.common.partition import even_counts
-from horovod.common.reduce_ops import Max, Min, Product, Sum
+from horovod.common.reduce_ops import SUPPORTED_DTYPES, Max, Min, Product, Sum
 from horovod.common.transport.tcp.peer import PeerConnection, PeerLinks
+import adasum_reference
 
 
 def run_ranks(n: int, body: Callable[[PeerLinks, Scratch], object]) -> list[object]:
@@ -190,3 +191,53 @@ def test_subgroups_use_global_ranks() -> None:
     for rank, result in enumerate(run_ranks(4, body)):
         if rank in group:
             np.testing.assert_array_equal(result, expected)
+
+
+ADASUM_TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 1e-6, "float64": 1e-14}
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("sizes", [[1], [3, 1], [1000], [7, 0, 40_001, 5], [300_007]])
+def test_adasum_matches_the_formula(n: int, dtype: str, sizes: list[int]) -> None:
+    """Recursive halving gives the pairwise tree of the formula, per tensor, with identical bits
+    on every member (fewer elements than members, empty tensors and odd splits included)."""
+    np_dtype = SUPPORTED_DTYPES[dtype]
+    bounds = segment_bounds(sum(sizes), sizes)
+    rng = np.random.default_rng(n * 100 + len(sizes))
+    # Correlated gradients: a shared direction plus noise, so the coefficients are far from 1.
+    shared = rng.standard_normal(sum(sizes))
+    inputs = [(shared + 0.5 * rng.standard_normal(sum(sizes))).astype(np_dtype) for _ in range(n)]
+
+    def body(link: PeerLinks, scratch: Scratch) -> np.ndarray:
+        buf = inputs[link.rank].copy()
+        adasum.allreduce(link, list(range(n)), buf, bounds, scratch)
+        return buf
+
+    results = run_ranks(n, body)
+    for result in results[1:]:
+        assert result.tobytes() == results[0].tobytes()
+    expected = adasum_reference.adasum(inputs, bounds)
+    tol = ADASUM_TOLERANCE[dtype]
+    np.testing.assert_allclose(results[0].astype(np.float64), expected.astype(np.float64), rtol=tol, atol=tol)
+
+
+def test_adasum_of_parallel_gradients_averages_and_of_orthogonal_ones_adds() -> None:
+    a, b = np.array([2.0, 0.0]), np.array([0.0, 3.0])
+    for pair, expected in (([a, a], a), ([a, b], a + b)):
+
+        def body(link: PeerLinks, scratch: Scratch) -> np.ndarray:
+            buf = pair[link.rank].copy()
+            adasum.allreduce(link, [0, 1], buf, [(0, 2)], scratch)
+            return buf
+
+        for result in run_ranks(2, body):
+            np.testing.assert_array_equal(result, expected)
+
+
+def test_adasum_rejects_a_group_that_is_not_a_power_of_two() -> None:
+    def body(link: PeerLinks, scratch: Scratch) -> None:
+        adasum.allreduce(link, [0, 1, 2], np.ones(4), [(0, 4)], scratch)
+
+    with pytest.raises(ValueError, match="power-of-two"):
+        run_ranks(3, body)

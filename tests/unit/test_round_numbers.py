@@ -63,7 +63,11 @@ def test_bootstraps_are_chosen_by_settings():
     assert Settings.from_env({}).bootstrap == "env"
     assert Settings.from_env({"HOROVOD_BOOTSTRAP": " Store "}).bootstrap == "store"
     assert isinstance(create("env"), EnvBootstrap) and isinstance(create("store"), StoreBootstrap)
-    with pytest.raises(ValueError, match="HOROVOD_BOOTSTRAP='nope'.*env, store"):
+    assert Settings.from_env({"OMPI_COMM_WORLD_SIZE": "2"}).bootstrap == "mpi"  # started by mpirun
+    assert Settings.from_env({"PMIX_RANK": "0"}).bootstrap == "mpi"
+    assert Settings.from_env({"SLURM_PROCID": "1", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2"}).bootstrap == "mpi"
+    assert Settings.from_env({"HOROVOD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"}).bootstrap == "env"
+    with pytest.raises(ValueError, match="HOROVOD_BOOTSTRAP='nope'.*env, mpi, store"):
         create("nope")
 
 

@@ -91,7 +91,7 @@ def test_transports_are_chosen_by_name_from_a_context() -> None:
     context = TransportContext(topology, Settings(topology=topology), None, 1)
     assert (context.rank, context.size, context.store_host) == (0, 1, "127.0.0.1")
     assert default_name(None) == "tcp"
-    with pytest.raises(ValueError, match="choose one of: auto, hierarchical, shm, tcp"):
+    with pytest.raises(ValueError, match="choose one of: auto, hierarchical, mpi, shm, tcp"):
         create("nccl-ish", context)
     single = create("gloo", context)  # auto: one rank talks to nobody, over TCP
     try:

@@ -31,9 +31,17 @@ def test_auto_picks_by_topology() -> None:
 
 
 def test_an_unknown_name_lists_the_choices() -> None:
-    with pytest.raises(ValueError, match=r"HOROVOD_CPU_OPERATIONS='mpi' is not an available transport; "
-                                         r"choose one of: auto, hierarchical, shm, tcp"):
-        create("mpi", context())
+    with pytest.raises(ValueError, match=r"HOROVOD_CPU_OPERATIONS='nccl' is not an available transport; "
+                                         r"choose one of: auto, hierarchical, mpi, shm, tcp"):
+        create("nccl", context())
+
+
+def test_without_a_store_auto_means_mpi() -> None:
+    """A job mpirun started has no store of ours: MPI is the only way its ranks can meet."""
+    pytest.importorskip("mpi4py", reason="the MPI transport needs mpi4py")
+    ctx = TransportContext(Topology(rank=0, size=2), Settings(), None, round=1)
+    with pytest.raises(ValueError, match="needs a job that MPI started"):
+        create("auto", ctx)  # this test process is not under mpirun
 
 
 def test_the_context_derives_rank_size_and_store_host() -> None:

@@ -9,7 +9,7 @@ new way of starting workers (an elastic driver, MPI) is one more bootstrap, not 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from horovod.common.rendezvous import RendezvousClient
 from horovod.common.settings import Settings, Topology
@@ -22,6 +22,7 @@ class Membership:
     topology: Topology
     rendezvous: RendezvousClient | None  # the round's store; None for a job of one rank
     round: int  # the store's round number: scopes everything this generation publishes there
+    communicator: Any = None  # the job's mpi4py communicator, when MPI started the job
 
     def close(self) -> None:
         if self.rendezvous is not None:
@@ -31,10 +32,18 @@ class Membership:
 class Bootstrap(Protocol):
     """Answers `init()`'s question: which slot, which store, which round."""
 
-    def join(self, settings: Settings, previous_round: int) -> Membership:
+    def join(self, settings: Settings, previous_round: int, comm: Any = None) -> Membership:
         """Join the job's current round. `previous_round` is the last round this process took
-        part in (0: none), so a survivor that re-initialises never lands in a round that is over."""
+        part in (0: none), so a survivor that re-initialises never lands in a round that is over.
+        `comm` is `init(comm=...)`: an MPI communicator or a list of ranks the job runs over."""
         ...
+
+
+def reject_comm(comm: Any, size: int) -> None:
+    """`init(comm=...)` naming anything but every rank needs a job that MPI started."""
+    if comm is not None and not (isinstance(comm, (list, tuple)) and list(comm) == list(range(size))):
+        raise ValueError("init(comm=...) with an MPI communicator or a subset of ranks needs a job started "
+                         "by mpirun (or horovodrun --mpi); use process_sets= for collectives over subsets")
 
 
 def connect_store(settings: Settings, why_needed: str) -> RendezvousClient:

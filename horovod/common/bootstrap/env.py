@@ -7,7 +7,9 @@ re-initialise in the same round.
 
 from __future__ import annotations
 
-from horovod.common.bootstrap.base import Membership, connect_store
+from typing import Any
+
+from horovod.common.bootstrap.base import Membership, connect_store, reject_comm
 from horovod.common.rendezvous import JOINED
 from horovod.common.settings import Settings
 
@@ -15,8 +17,9 @@ from horovod.common.settings import Settings
 class EnvBootstrap:
     """The launcher's slot (`Settings.topology`), in the round the store hands out."""
 
-    def join(self, settings: Settings, previous_round: int) -> Membership:
+    def join(self, settings: Settings, previous_round: int, comm: Any = None) -> Membership:
         topology = settings.topology
+        reject_comm(comm, topology.size)
         if topology.size == 1:
             return Membership(topology, None, previous_round + 1)  # alone: no store, no one to meet
         store = connect_store(settings, f"HOROVOD_SIZE={topology.size} but no rendezvous store is configured")

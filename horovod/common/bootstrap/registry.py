@@ -6,14 +6,16 @@ adding one (MPI) is one line here.
 
 from __future__ import annotations
 
-import importlib
+from typing import Any
 
+from horovod.common.lazy import load
 from horovod.common.bootstrap.base import Bootstrap, Membership
 from horovod.common.settings import Settings
 
 _FACTORIES: dict[str, str] = {
     "env": "horovod.common.bootstrap.env:EnvBootstrap",
     "store": "horovod.common.bootstrap.store:StoreBootstrap",
+    "mpi": "horovod.common.bootstrap.mpi:MpiBootstrap",
 }
 
 
@@ -22,10 +24,9 @@ def create(name: str) -> Bootstrap:
     if name not in _FACTORIES:
         raise ValueError(f"HOROVOD_BOOTSTRAP={name!r} is not a bootstrap; "
                          f"choose one of: {', '.join(sorted(_FACTORIES))}")
-    module, _, cls = _FACTORIES[name].partition(":")
-    return getattr(importlib.import_module(module), cls)()
+    return load(_FACTORIES[name])()
 
 
-def join(settings: Settings, previous_round: int) -> Membership:
+def join(settings: Settings, previous_round: int, comm: Any = None) -> Membership:
     """This process's membership in the current round, from the bootstrap `settings` name."""
-    return create(settings.bootstrap).join(settings, previous_round)
+    return create(settings.bootstrap).join(settings, previous_round, comm)

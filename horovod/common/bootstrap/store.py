@@ -4,20 +4,26 @@ A driver (the elastic driver, or a test harness) decides who takes part in a rou
 slot, and publishes that plan with `publish_round`; the store numbers the round. A worker knows
 only its own id (`worker_id`: host and local slot, as Horovod's elastic driver names workers):
 it waits for the newest round since the one it last took part in, and takes its slot from the plan.
-A worker the plan leaves out waits for the next round. This is the base elastic training builds on.
+A worker the plan leaves out waits for the next round, except in an elastic job
+(`HOROVOD_ELASTIC=1`): there the driver has removed it, and it leaves with `WorkerRemoved`.
+This is the base elastic training builds on (`horovod.runner.elastic`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Mapping
+from typing import Any, Mapping
 
 from horovod.common import wire
-from horovod.common.bootstrap.base import Membership, connect_store
+from horovod.common.bootstrap.base import Membership, connect_store, reject_comm
 from horovod.common.rendezvous import JOINED, ROUNDS, RendezvousClient, RendezvousServer
 from horovod.common.rounds import newest_round
 from horovod.common.settings import Settings, Topology
+
+
+class WorkerRemoved(RuntimeError):
+    """The elastic driver's newest round leaves this worker out: its host is gone or blacklisted."""
 
 
 def worker_id(topology: Topology) -> str:
@@ -41,11 +47,12 @@ def publish_round(server: RendezvousServer, assignment: Mapping[str, Topology]) 
 class StoreBootstrap:
     """The slot the newest planned round gives this worker."""
 
-    def join(self, settings: Settings, previous_round: int) -> Membership:
+    def join(self, settings: Settings, previous_round: int, comm: Any = None) -> Membership:
+        reject_comm(comm, settings.topology.size)
         store = connect_store(settings, "HOROVOD_BOOTSTRAP=store needs the rendezvous store the driver serves")
         try:
             number, topology = _wait_for_slot(store, worker_id(settings.topology), previous_round,
-                                              settings.start_timeout)
+                                              settings.start_timeout, settings.elastic)
             store.put(JOINED, str(topology.rank), b"")
         except BaseException:
             store.close()
@@ -53,8 +60,10 @@ class StoreBootstrap:
         return Membership(topology, store, number)
 
 
-def _wait_for_slot(store: RendezvousClient, me: str, after: int, timeout: float) -> tuple[int, Topology]:
-    """The first round newer than `after` whose plan includes `me`, waiting up to `timeout` seconds."""
+def _wait_for_slot(store: RendezvousClient, me: str, after: int, timeout: float,
+                   removable: bool) -> tuple[int, Topology]:
+    """The first round newer than `after` whose plan includes `me`, waiting up to `timeout` seconds;
+    `removable`: a round that leaves `me` out raises WorkerRemoved instead."""
     deadline = time.monotonic() + timeout
     while True:
         number = newest_round((int(key) for key in store.keys(ROUNDS)), after)
@@ -62,6 +71,9 @@ def _wait_for_slot(store: RendezvousClient, me: str, after: int, timeout: float)
             plan = decode_plan(store.get(ROUNDS, str(number), 0.0))
             if me in plan:
                 return number, plan[me]
+            if removable:
+                raise WorkerRemoved(f"worker {me} has been removed from the elastic job: round {number} "
+                                    "leaves it out (its host is gone or blacklisted)")
             after = number  # left out of this one: only a later round can take us
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -71,3 +83,28 @@ def _wait_for_slot(store: RendezvousClient, me: str, after: int, timeout: float)
             store.get(ROUNDS, str(after + 1), remaining)  # the store answers as soon as it is published
         except TimeoutError:
             pass  # the loop above says so, naming the worker
+
+
+#: Scope where the driver says how each planned round changed the workers (key: the round number;
+#: value: wire-encoded `HostUpdate` flags: 1 workers removed, 2 added). Rank 0 reads it at commit.
+CHANGES = "round_changes"
+
+
+def publish_change(server: RendezvousServer, number: int, change: int) -> None:
+    """Driver side: say how round `number` differs from the one before (read by `newer_rounds`)."""
+    server.put(CHANGES, str(number), wire.encode(int(change)))
+
+
+def newer_rounds(store: RendezvousClient, after: int) -> tuple[int, int] | None:
+    """(the newest planned round after `after`, the OR of how the rounds since changed the workers),
+    or None when the driver has planned nothing since."""
+    numbers = [int(key) for key in store.keys(ROUNDS) if int(key) > after]
+    if not numbers:
+        return None
+    change = 0
+    for number in numbers:
+        try:
+            change |= int(wire.decode(store.get(CHANGES, str(number), 1.0)))
+        except TimeoutError:
+            pass  # a round planned by something other than the elastic driver: no flags
+    return max(numbers), change

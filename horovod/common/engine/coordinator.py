@@ -183,3 +183,13 @@ def stall_message(stalled: dict[str, list[int]], waited: float, shutting_down: b
                "rank-dependent branch, or unequal numbers of batches: use hvd.join()).")
     return (f"Stall: some ranks submitted tensors more than {waited:.0f} s ago that other ranks have not "
             f"submitted yet. Missing ranks:\n" + "\n".join(lines) + f"\n{verdict}")
+
+
+def deadlock_message(set_id: int, waits: dict[int, list[str]]) -> str:
+    """Why every member of a set raises at once: each one's waits, and the usual causes."""
+    lines = [f"  rank {rank} waits for {', '.join(names)}" for rank, names in sorted(waits.items())]
+    where = "the global process set" if set_id == 0 else f"process set {set_id}"
+    return (f"Deadlock in {where}: every rank is blocked waiting for a collective that another rank has "
+            "not submitted, and none can submit it while it waits:\n" + "\n".join(lines) + "\n"
+            "Every rank must call the same collectives in the same order. Usually one rank took another "
+            "branch or raised an exception part-way; look at its output.")

@@ -12,13 +12,16 @@ import time
 from typing import TYPE_CHECKING, Callable
 
 from horovod.common import wire
-from horovod.common.engine.coordinator import stall_message
+from horovod.common.engine.autotune import Autotuner
+from horovod.common.engine.blocking import BlockedWaits
+from horovod.common.engine.coordinator import deadlock_message, stall_message
 from horovod.common.engine.executor import Executor
 from horovod.common.engine.fusion import plan_fusion
 from horovod.common.engine.handles import Entry
 from horovod.common.engine.messages import CACHEABLE, OpType, Request, Response
-from horovod.common.engine.readiness import FAILED, FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree
+from horovod.common.engine.readiness import BLOCKED, FAILED, FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree
 from horovod.common.engine.state import SetState, ShutdownState
+from horovod.common.engine.tunables import Tunables
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.logging import log
 from horovod.common.settings import Settings
@@ -33,7 +36,8 @@ class Cycle:
     itself changes when the job adds or removes a process set."""
 
     def __init__(self, settings: Settings, transport: Transport, timeline: Timeline | None,
-                 sets: dict[int, SetState], shutdown: ShutdownState, on_fatal: Callable[[str], None]) -> None:
+                 sets: dict[int, SetState], shutdown: ShutdownState, on_fatal: Callable[[str], None],
+                 blocked: BlockedWaits) -> None:
         self.settings = settings
         self.transport = transport
         self.rank = transport.rank
@@ -42,9 +46,14 @@ class Cycle:
         self.sets = sets
         self.shutdown = shutdown
         self._on_fatal = on_fatal  # a coordinator's fatal decision (stall shutdown) ends the engine
+        self.blocked = blocked  # what this rank's threads are stuck waiting for
         self.forced = False  # the next cycle is due now and takes the slow path (stalled work)
         self.last_start = 0.0
         self.executing: list[Entry | None] = []  # failed too if the engine dies mid-operation
+        # The knobs in force (autotune changes them at a cycle's end, on every rank at once).
+        self.tunables = Tunables.from_settings(settings)
+        self.autotuner = (Autotuner(settings.autotune, self.tunables, transport.tunable_knobs, self.rank)
+                          if settings.autotune.enabled else None)
 
     def register_set(self, set_id: int, members: tuple[int, ...]) -> None:
         self.sets[set_id] = SetState.for_members(set_id, members, self.rank, self.settings.cache_capacity,
@@ -64,6 +73,8 @@ class Cycle:
             if fatal:
                 self._on_fatal(fatal)
                 return False
+        if self.autotuner is not None and self.autotuner.sample_closed():
+            self._sync_tunables()
         shutdown = self.shutdown
         if self.rank in shutdown.ranks:  # our flag went out in this cycle's exchange
             shutdown.announced = True
@@ -91,7 +102,7 @@ class Cycle:
         hit_bits: dict[str, int] = {}
         for name, (entry, since) in list(state.unsent.items()):
             status, bit = ("miss", -1)
-            if cache.enabled and entry.request.op_type in CACHEABLE:
+            if cache.enabled and self.tunables.cache_enabled and entry.request.op_type in CACHEABLE:
                 status, bit = cache.lookup(entry.request)
             if status == "hit" and (stall_limit is None or now - since < stall_limit):
                 hits |= 1 << bit
@@ -100,16 +111,18 @@ class Cycle:
             if bit >= 0:
                 invalid |= 1 << bit
             misses.append(entry)
+        waits = [] if stall_limit is None else self.blocked.waits(state.set_id, now)
         leaving = state.set_id == 0 and self.shutdown.requested
         flags = (((SHUTDOWN | (FAILED if self.shutdown.failing else 0)) if leaving else 0)
                  | (HAS_UNCACHED if (misses or join_request) else 0)
-                 | (JOINED if state.joined else 0) | (FORCE_SLOW if force else 0))
+                 | (JOINED if state.joined else 0) | (FORCE_SLOW if force else 0) | (BLOCKED if waits else 0))
         members = state.members
-        replies = [wire.decode(p) for p in self.transport.exchange(members, wire.encode((flags, hits, invalid)))]
+        message = (flags, hits, invalid, waits) if waits else (flags, hits, invalid)
+        replies = [wire.decode(p) for p in self.transport.exchange(members, wire.encode(message))]
         ready, stale, slow_path, shut_down = agree(members, replies, cache.num_bits)
         if shut_down:
             self.shutdown.ranks.update(shut_down)
-            self.shutdown.failed.update(m for m, (f, _, _) in zip(members, replies) if f & FAILED)
+            self.shutdown.failed.update(m for m, reply in zip(members, replies) if reply[0] & FAILED)
         gone = self.shutdown.ranks.intersection(members)
         if gone:  # every member sees the same flags, so all of them stop this set together
             for entry in state.take_pending():
@@ -137,15 +150,51 @@ class Cycle:
             requests = [e.request.to_wire() for e in misses] + ([join_request.to_wire()] if join_request else [])
             fatal, slow = self._slow_path(state, wire.encode(requests))
             for response in slow:
-                if response.op_type in CACHEABLE and not response.error:
+                if response.op_type in CACHEABLE and not response.error and self.tunables.cache_enabled:
                     entry = state.waiting.get(response.names[0])
                     cache.put(response, entry.request.signature() if entry else None)
             responses.extend(slow)
         if fatal:
             return fatal
-        for response in plan_fusion(responses, self.settings.fusion_threshold):
+        # Deadlock: every member is stuck and no op is awaited by all of them (one that is, every
+        # member has submitted, so it will run: negotiation is merely slow, e.g. a loaded machine).
+        if (not responses and all(reply[0] & BLOCKED for reply in replies)
+                and not set.intersection(*(set(reply[3]) for reply in replies))):
+            self._fail_deadlock(state, {m: reply[3] for m, reply in zip(members, replies)})
+            return ""
+        tuner = self.autotuner if state.set_id == 0 else None
+        for response in plan_fusion(responses, self.tunables.fusion_threshold):
             self._execute(state, response)
+            if tuner is not None:
+                tuner.record(response)
         return ""
+
+    def _fail_deadlock(self, state: SetState, waits: dict[int, list[str]]) -> None:
+        """Every member is stuck waiting and nothing became ready: nothing ever will. Every member
+        decides this in the same cycle from the same messages and fails all of the set's pending
+        ops, so each rank raises, and the set is clean for whatever the script does next."""
+        error = deadlock_message(state.set_id, waits)
+        log.error("%s", error)
+        if state.coordinator is not None:
+            state.coordinator.table.clear()
+        for entry in state.take_pending():
+            entry.finish(error=HorovodInternalError(error))
+
+    def _sync_tunables(self) -> None:
+        """A sample closed (on every rank, this cycle): rank 0 decides, everyone applies."""
+        tuner = self.autotuner
+        assert tuner is not None
+        payload = None
+        if self.rank == 0:
+            active, knobs = tuner.decide()
+            payload = (b"1" if active else b"0") + knobs.to_wire()
+        else:
+            tuner.reset_sample()
+        data = self.transport.bcast_bytes(self.sets[0].members, payload, 0)
+        self.tunables = Tunables.from_wire(data[1:])
+        self.tunables.apply_to(self.transport)
+        if data[:1] == b"0":
+            self.autotuner = None
 
     def _slow_path(self, state: SetState, payload: bytes) -> tuple[str, list[Response]]:
         members, root = state.members, state.members[0]

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Callable
 
+from horovod.common.engine.blocking import BlockedWaits
 from horovod.common.engine.coordinator import stall_message
 from horovod.common.engine.cycle import Cycle
 from horovod.common.engine.handles import Entry, Handle
@@ -45,7 +46,9 @@ class Driver:
         self.rank = transport.rank
         self.sets: dict[int, SetState] = {}
         self.shutdown = ShutdownState()
-        self.cycle = Cycle(settings, transport, timeline, self.sets, self.shutdown, on_fatal=self._die)
+        self.blocked = BlockedWaits()  # threads of this rank waiting for a collective (deadlocks)
+        self.cycle = Cycle(settings, transport, timeline, self.sets, self.shutdown, on_fatal=self._die,
+                           blocked=self.blocked)
         # Two wake-up pipes: one for the idle engine thread, one for a caller driving the engine
         # (sharing one, either could drain a wake-up meant for the other).
         self._wake_r, self._wake_w = os.pipe()
@@ -104,6 +107,12 @@ class Driver:
         rank is most likely a consequence of theirs, not a root cause (see `basics.report_failure`)."""
         gone = self.shutdown.ranks - {self.rank}
         return gone | {self._dead_peer} if self._dead_peer is not None else gone
+
+    def block(self, handle: Handle) -> None:
+        self.blocked.block(handle)
+
+    def unblock(self, handle: Handle) -> None:
+        self.blocked.unblock(handle)
 
     # -- who runs the engine: its own thread, or a framework thread that would only wait -----
     def drive_until(self, handle: Handle) -> None:
@@ -205,12 +214,12 @@ class Driver:
         to one cycle time so they can be fused."""
         return self._has_new_work() and (
             not self._busy() or self.shutdown.requested
-            or time.monotonic() >= self.cycle.last_start + self.settings.cycle_time_ms / 1000.0)
+            or time.monotonic() >= self.cycle.last_start + self.cycle.tunables.cycle_time_ms / 1000.0)
 
     def _idle_timeout(self) -> float | None:
         """How long the engine may wait for peers before it has something to do itself."""
         if self._has_new_work():
-            return max(0.0, self.cycle.last_start + self.settings.cycle_time_ms / 1000.0 - time.monotonic())
+            return max(0.0, self.cycle.last_start + self.cycle.tunables.cycle_time_ms / 1000.0 - time.monotonic())
         return _TICK_SECONDS if any(s.has_pending() for s in self.sets.values()) else None
 
     def _run_cycle(self) -> None:
@@ -255,6 +264,8 @@ class Driver:
         if s.stall_check_disable:
             return
         now = time.monotonic()
+        if self.blocked.newly_stuck(now):
+            self.cycle.forced = True  # tell the other members; if all are stuck, the cycle decides
         for state in self.sets.values():
             if any(now - since >= s.stall_check_time_seconds for _, since in state.unsent.values()):
                 self.cycle.forced = True  # stale cache hits renegotiate so the coordinator sees them

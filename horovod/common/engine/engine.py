@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import TYPE_CHECKING, Iterator
 
 from horovod.common.engine.driver import Driver
@@ -81,7 +82,9 @@ class Engine(Driver):
             for entry in entries:
                 state.names.add(entry.name)
                 entry.handle.engine = self
+                entry.handle.set_id = set_id
             state.new.extend(entries)
+        self.blocked.last_submit = time.monotonic()
         if not getattr(self._submitter, "will_wait", False):
             self._wake()
         if self._drive.locked():  # a caller driving the engine may be asleep waiting for peers

@@ -13,7 +13,8 @@ import numpy as np
 from horovod.common.engine.handles import Entry
 from horovod.common.engine.messages import OpType, Response
 from horovod.common.exceptions import HorovodInternalError
-from horovod.common.reduce_ops import SUPPORTED_DTYPES, Average, Sum, scale_in_place
+from horovod.common.algorithms.primitives import segment_bounds
+from horovod.common.reduce_ops import SUPPORTED_DTYPES, Adasum, Average, Sum, scale_in_place
 from horovod.common.transport.base import Transport
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ class Executor:
                 buf = out.reshape(-1)
             scale_in_place(buf, response.prescale)
             self._activity(response.names, activity)
-            self.transport.allreduce(members, buf, wire_op)
+            self._reduce(members, buf, wire_op, [buf.size])
             self._activity(response.names, None)
             scale_in_place(buf, postscale)
             if entry is not None:
@@ -119,7 +120,7 @@ class Executor:
         self._activity(response.names, None)
         scale_in_place(fused, response.prescale)
         self._activity(response.names, activity)
-        self.transport.allreduce(members, fused, wire_op)
+        self._reduce(members, fused, wire_op, counts)
         self._activity(response.names, None)
         scale_in_place(fused, postscale)
         self._activity(response.names, "MEMCPY_OUT_FUSION_BUFFER")
@@ -132,6 +133,13 @@ class Executor:
         for entry in entries:
             if entry is not None:
                 entry.finish(entry.output)
+
+    def _reduce(self, members: tuple[int, ...], buf: np.ndarray, op: int, counts: list[int]) -> None:
+        """The transport's allreduce, or its Adasum with each tensor's bounds in the buffer."""
+        if op == Adasum:
+            self.transport.adasum(members, buf, segment_bounds(buf.size, counts))
+        else:
+            self.transport.allreduce(members, buf, op)
 
     def _allgather(self, response: Response, entry: Entry | None, members: tuple[int, ...]) -> None:
         assert entry is not None and entry.tensor is not None

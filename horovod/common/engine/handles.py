@@ -12,11 +12,18 @@ from horovod.common.engine.messages import Request
 
 
 class Driving(Protocol):
-    """What a handle needs of the engine: a thread about to wait for it runs the cycles itself."""
+    """What a handle needs of the engine: a thread about to wait for it runs the cycles itself,
+    and the engine knows that the thread is blocked (deadlock detection)."""
 
     def drive_until(self, handle: Handle) -> None:
         """Run the engine's cycles on the calling thread until `handle` completes (or return at
         once when another thread drives)."""
+
+    def block(self, handle: Handle) -> None:
+        """A thread starts waiting for `handle` with no time limit."""
+
+    def unblock(self, handle: Handle) -> None:
+        """That wait is over."""
 
 
 class Handle:
@@ -25,7 +32,7 @@ class Handle:
     `wait()` returns the output (a list for grouped calls) or raises the first error.
     """
 
-    __slots__ = ("_done", "_results", "_remaining", "_error", "grouped", "name", "engine")
+    __slots__ = ("_done", "_results", "_remaining", "_error", "grouped", "name", "engine", "set_id")
 
     def __init__(self, count: int, grouped: bool, name: str) -> None:
         # A bare lock held until completion: waiting on it is one C call that releases the GIL,
@@ -37,6 +44,7 @@ class Handle:
         self.grouped = grouped
         self.name = name
         self.engine: Driving | None = None  # set on enqueue; a waiting thread runs it (drive_until)
+        self.set_id = 0  # the process set it was submitted to, set on enqueue
         if count:
             self._done.acquire()
 
@@ -44,15 +52,25 @@ class Handle:
         return self._remaining == 0
 
     def wait(self, timeout: float | None = None) -> Any:
-        if self._remaining and timeout is None and self.engine is not None:
-            self.engine.drive_until(self)
+        engine = self.engine
+        if self._remaining and timeout is None and engine is not None:
+            engine.block(self)
+            try:
+                engine.drive_until(self)
+                self._block_until_done(None)
+            finally:
+                engine.unblock(self)
+        elif self._remaining:
+            self._block_until_done(timeout)
+        if self._error is not None:
+            raise self._error
+        return self._results if self.grouped else self._results[0]
+
+    def _block_until_done(self, timeout: float | None) -> None:
         if self._remaining:
             if not self._done.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
                 raise TimeoutError(f"{self.name} did not complete within {timeout} s")
             self._done.release()  # let any other waiter (and later wait() calls) through
-        if self._error is not None:
-            raise self._error
-        return self._results if self.grouped else self._results[0]
 
     def complete(self, index: int, result: Any = None, error: BaseException | None = None) -> None:
         """Called only by the thread driving the engine (it holds the drive lock), so the countdown

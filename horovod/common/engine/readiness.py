@@ -18,6 +18,7 @@ HAS_UNCACHED = 2  # it has requests for the coordinator: uncached tensors, or a 
 JOINED = 4  # it has joined: it submits nothing, so it never holds back a cached tensor
 FORCE_SLOW = 8  # it wants the slow path anyway (stalled work the coordinator must see)
 FAILED = 16  # with SHUTDOWN: it leaves because of an error (an exception escaped its script)
+BLOCKED = 32  # a thread of it is stuck waiting for an op of this set (its names follow the bitsets)
 
 
 # What every member of a set concludes from the same replies, as a plain tuple (built once per
@@ -29,19 +30,19 @@ FAILED = 16  # with SHUTDOWN: it leaves because of an error (an exception escape
 Agreement = tuple[list[int], list[int], bool, list[int]]
 
 
-def agree(members: Sequence[int], replies: Sequence[tuple[int, int, int]], num_bits: int) -> Agreement:
-    """Decide the cycle from every member's (flags, ready bits, stale bits), in `members` order:
-    (ready, stale, slow_path, shut_down), see `Agreement`.
+def agree(members: Sequence[int], replies: Sequence[tuple], num_bits: int) -> Agreement:
+    """Decide the cycle from every member's (flags, ready bits, stale bits[, what it waits for]),
+    in `members` order: (ready, stale, slow_path, shut_down), see `Agreement`.
 
     `num_bits` is the size of the response cache's bit space: when every member has joined, no
     cached tensor is ready (nobody submits); otherwise a bit is ready when every member that has
     not joined set it, and nobody found it stale.
     """
     # Joined ranks submit nothing: only the others decide which cached tensors are ready.
-    common = (1 << num_bits) - 1 if any(not flags & JOINED for flags, _, _ in replies) else 0
+    common = (1 << num_bits) - 1 if any(not reply[0] & JOINED for reply in replies) else 0
     any_stale = any_flags = 0
     shut_down: list[int] = []
-    for member, (flags, ready, stale) in zip(members, replies):
+    for member, (flags, ready, stale, *_) in zip(members, replies):
         if not flags & JOINED:
             common &= ready
         any_stale |= stale

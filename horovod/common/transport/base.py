@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
+from horovod.common.algorithms.adasum import layout_error as adasum_layout_error
 from horovod.common.rendezvous import RendezvousClient
 from horovod.common.settings import Settings, Topology
 
@@ -40,6 +41,7 @@ class TransportContext:
     settings: Settings
     rendezvous: RendezvousClient | None  # None for a job of one
     round: int  # the store's round number; scopes every key the transport publishes
+    communicator: Any = None  # the job's mpi4py communicator, when MPI started the job
 
     @property
     def rank(self) -> int:
@@ -62,6 +64,9 @@ class Transport(ABC):
     # True when spinning on has_activity() can beat sleeping (every local rank has a core of its
     # own): the engine's driver then spins briefly before it sleeps on activity_fds().
     spin_useful: bool = False
+    # Engine tunables (`horovod.common.engine.tunables.Tunables` field names) that are attributes
+    # of this transport: the engine sets them when autotune changes them.
+    tunable_knobs: tuple[str, ...] = ()
 
     def __init__(self, context: TransportContext) -> None:
         self.rank = context.rank
@@ -92,6 +97,17 @@ class Transport(ABC):
         """Reduce `buf` across the group; member i gets the i-th block (counts[i]) in `recv`.
 
         `buf` may be used as scratch space."""
+
+    def adasum(self, group: Sequence[int], buf: np.ndarray, bounds: Sequence[tuple[int, int]]) -> None:
+        """Adasum-combine `buf` across the group, in place, identical on every member; `bounds`
+        are the (start, end) of each tensor in `buf` (each gets its own coefficients)."""
+        raise NotImplementedError(f"the {self.name} transport does not implement op=Adasum")
+
+    def adasum_error(self, group: Sequence[int]) -> str | None:
+        """Why this transport cannot run Adasum over `group` (None when it can)."""
+        if type(self).adasum is Transport.adasum:
+            return f"the {self.name} transport does not implement op=Adasum"
+        return adasum_layout_error(len(group))
 
     # -- control plane --------------------------------------------------------------------
     @abstractmethod

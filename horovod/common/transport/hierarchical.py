@@ -18,7 +18,9 @@ that has the same number of members on each host, = 0 turns it off. Unset: allre
 hierarchical when the group spans several hosts with the same number of members, at least two,
 on each (it moves less data, and is faster even over loopback); allgather stays flat (its
 hierarchical form saves network traffic but adds copies: worth it only on a slow network).
-Everything else (groups on one host, other collectives, uneven groups) is what `ShmTransport` does.
+Adasum on such a group averages inside every host and combines the hosts' averages with Adasum
+(the number of hosts must be a power of two). Everything else (groups on one host, other
+collectives, uneven groups) is what `ShmTransport` does.
 """
 
 from __future__ import annotations
@@ -28,9 +30,11 @@ from typing import Sequence
 
 import numpy as np
 
+from horovod.common.algorithms.adasum import layout_error as adasum_layout_error
 from horovod.common.algorithms.primitives import Scratch
 from horovod.common.logging import log
 from horovod.common.partition import even_counts, offsets
+from horovod.common.reduce_ops import Sum, scale_in_place
 from horovod.common.transport.base import Transport, TransportContext
 from horovod.common.transport.shm import ShmTransport
 
@@ -57,6 +61,8 @@ class HierarchicalTransport(Transport):
         self.tcp, self.shm, self.hosts, self.spin_useful = inner.tcp, inner.shm, inner.hosts, inner.spin_useful
         self.hierarchical_allreduce: bool | None = context.settings.hierarchical_allreduce
         self.hierarchical_allgather: bool | None = context.settings.hierarchical_allgather
+        if len(set(self.hosts)) > 1:  # on one host the switches change nothing: nothing to tune
+            self.tunable_knobs = ("hierarchical_allreduce", "hierarchical_allgather")
         self._plans: dict[tuple[int, ...], _Plan | None] = {}
         self._warned: set[tuple[int, ...]] = set()
         self._scratch = Scratch()
@@ -99,6 +105,23 @@ class HierarchicalTransport(Transport):
         if part.size:
             self.tcp.allreduce(plan.crosses[plan.position], part, op)
         self.shm.allgatherv(plan.local, part, buf, counts)
+
+    def adasum(self, group: Sequence[int], buf: np.ndarray, bounds: Sequence[tuple[int, int]]) -> None:
+        """Average inside each host, Adasum across hosts (as Horovod's hierarchical Adasum): the
+        ranks of a host see samples of one distribution, so they add; hosts combine adaptively."""
+        plan = self._plan(group, self.hierarchical_allreduce) if buf.size else None
+        if plan is None:
+            return self.shm_transport.adasum(group, buf, bounds)
+        assert self.shm is not None
+        self.shm.allreduce(plan.local, buf, Sum)
+        scale_in_place(buf, 1.0 / len(plan.local))
+        if plan.position == 0:
+            self.tcp.adasum(plan.crosses[0], buf, bounds)
+        self.shm.broadcast(plan.local, buf, plan.local[0])
+
+    def adasum_error(self, group: Sequence[int]) -> str | None:
+        plan = self._plan(group, self.hierarchical_allreduce)
+        return adasum_layout_error(len(plan.crosses[0] if plan is not None else group))
 
     def allgatherv(self, group: Sequence[int], send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:
         # Only when asked for: it halves what crosses hosts, but costs two more copies inside each,

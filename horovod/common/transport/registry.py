@@ -6,8 +6,7 @@ happen); adding a backend is one line in `_FACTORIES`.
 
 from __future__ import annotations
 
-import importlib
-
+from horovod.common.lazy import load
 from horovod.common.settings import Topology
 from horovod.common.transport.base import Transport, TransportContext
 
@@ -16,6 +15,7 @@ _FACTORIES: dict[str, str] = {
     "tcp": "horovod.common.transport.tcp:TcpTransport",
     "shm": "horovod.common.transport.shm:ShmTransport",
     "hierarchical": "horovod.common.transport.hierarchical:HierarchicalTransport",
+    "mpi": "horovod.common.transport.mpi:MpiTransport",
 }
 # What users may also write: Horovod's `gloo` (and an empty setting) mean "pick for me".
 _ALIASES = {"": "auto", "gloo": "auto"}
@@ -39,11 +39,11 @@ def create(name: str, context: TransportContext) -> Transport:
     """Build the transport called `name` (see the package docstring for the choices)."""
     key = _ALIASES.get(name, name)
     if key == "auto":
-        key = default_name(context.topology)
+        # Without a store of ours (a job mpirun started) peers can only meet through MPI.
+        key = default_name(context.topology) if context.rendezvous is not None or context.size == 1 else "mpi"
     if key not in _FACTORIES:
         raise ValueError(
             f"HOROVOD_CPU_OPERATIONS={name!r} is not an available transport; "
             f"choose one of: auto, {', '.join(names())}"
         )
-    module, _, cls = _FACTORIES[key].partition(":")
-    return getattr(importlib.import_module(module), cls)(context)
+    return load(_FACTORIES[key])(context)

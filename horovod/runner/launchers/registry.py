@@ -5,8 +5,7 @@ Launchers never import this module; adding one (mpirun, Spark, Ray) is one line 
 
 from __future__ import annotations
 
-import importlib
-
+from horovod.common.lazy import load
 from horovod.runner import network
 from horovod.runner.launchers.base import LaunchContext, Launcher
 
@@ -31,6 +30,5 @@ def create(name: str, context: LaunchContext) -> Launcher:
     """Build the launcher called `name` for one job."""
     if name not in _FACTORIES:
         raise ValueError(f"unknown launcher {name!r}; choose one of: {', '.join(names())}")
-    module, _, cls = _FACTORIES[name].partition(":")
-    launcher: Launcher = getattr(importlib.import_module(module), cls)(context)
+    launcher: Launcher = load(_FACTORIES[name])(context)
     return launcher

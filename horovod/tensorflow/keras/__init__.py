@@ -14,7 +14,7 @@ if _keras.backend.backend() != "tensorflow":
 from horovod.keras import *  # noqa: E402,F401,F403
 from horovod.keras import __all__ as _keras_all  # noqa: E402
 from horovod.tensorflow.compression import Compression  # noqa: E402,F811
-from horovod.tensorflow.keras import callbacks  # noqa: E402,F811
+from horovod.tensorflow.keras import callbacks, elastic  # noqa: E402,F811
 from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: E402
 
 __all__ = list(_keras_all) + ["SyncBatchNormalization"]

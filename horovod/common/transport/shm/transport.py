@@ -89,6 +89,11 @@ class ShmTransport(Transport):
             return
         self._route(group)[0].allreduce(group, buf, op)
 
+    def adasum(self, group: Sequence[int], buf: np.ndarray, bounds: Sequence[tuple[int, int]]) -> None:
+        # Adasum is pairwise exchanges of halves: it runs over the mesh's point-to-point links,
+        # on this host too (the shared-memory collectives have no point-to-point form).
+        self.tcp.adasum(group, buf, bounds)
+
     def allgatherv(self, group: Sequence[int], send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:
         self._route(group)[0].allgatherv(group, send, recv, counts)
 

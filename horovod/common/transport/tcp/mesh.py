@@ -12,7 +12,8 @@ import socket
 import time
 
 from horovod.common import wire
-from horovod.common.rendezvous import RendezvousClient
+from horovod.common.rendezvous import ROUNDS, RendezvousClient
+from horovod.common.rounds import newest_round
 from horovod.common.transport.base import PeerFailure, TransportContext
 from horovod.common.transport.tcp.deathwatch import HANGUP, DeathWatch
 from horovod.common.transport.tcp.peer import PeerConnection
@@ -72,7 +73,7 @@ class Mesh:
                 try:
                     sock, addr = listener.accept()
                 except socket.timeout:
-                    _raise_if_lost(rendezvous)
+                    _raise_if_lost(rendezvous, round_number)
                     continue
                 hello = self._greet(sock, key, round_number, deadline)
                 if isinstance(hello, str):
@@ -84,7 +85,7 @@ class Mesh:
                 self.hosts[hello[1]] = hello[3]
                 self._add_peer(hello[1], sock, peer_timeout)
         except (OSError, wire.WireError):
-            _raise_if_lost(rendezvous)  # a peer gave up because of a rank that is gone: name that one
+            _raise_if_lost(rendezvous, round_number)  # a peer gave up because of a rank that is gone: name that one
             raise
         finally:
             listener.close()
@@ -109,7 +110,7 @@ class Mesh:
                 address = rendezvous.get(scope, str(peer), min(SETUP_POLL_SECONDS, remaining))
                 break
             except TimeoutError:
-                _raise_if_lost(rendezvous)
+                _raise_if_lost(rendezvous, int(scope.rsplit(".", 1)[1]))
         peer_host, port, self.hosts[peer] = wire.decode(address)
         where = f"{peer_host}:{port}"
         # Its listener exists before its address is published: a host that is up answers at once.
@@ -178,12 +179,17 @@ def _tune(sock: socket.socket, detection_seconds: float) -> None:
     wire.enable_liveness_checks(sock, detection_seconds)
 
 
-def _raise_if_lost(rendezvous: RendezvousClient) -> None:
-    """Raise PeerFailure naming the first rank the launcher saw exit, if there is one."""
+def _raise_if_lost(rendezvous: RendezvousClient, round_number: int) -> None:
+    """Raise PeerFailure naming the first rank the launcher saw exit, if there is one; or, when a
+    driver has planned a newer round (a member of this one died or was left out), saying so."""
     try:
         lost = rendezvous.first_lost()
+        newer = newest_round((int(key) for key in rendezvous.keys(ROUNDS)), round_number)
     except (OSError, wire.WireError):
         return
+    if newer is not None:
+        raise TimeoutError(f"round {round_number} was superseded by round {newer} before all its members "
+                           "connected (one is gone or was left out by the elastic driver)")
     if lost is not None:
         rank, host, what = lost
         raise PeerFailure(rank, f"{what}, so the job cannot be set up", host) from None  # the whole story

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from horovod.common.algorithms import Scratch, pairwise, ring
+from horovod.common.algorithms import Scratch, adasum, pairwise, ring
 from horovod.common.transport.base import Transport, TransportContext
 from horovod.common.transport.tcp.deathwatch import DeathWatch
 from horovod.common.transport.tcp.mesh import Mesh
@@ -48,6 +48,9 @@ class TcpTransport(Transport):
     # -- data plane -------------------------------------------------------------------------
     def allreduce(self, group: Sequence[int], buf: np.ndarray, op: int) -> None:
         ring.allreduce(self._links, group, buf, op, self._scratch)
+
+    def adasum(self, group: Sequence[int], buf: np.ndarray, bounds: Sequence[tuple[int, int]]) -> None:
+        adasum.allreduce(self._links, group, buf, bounds, self._scratch)
 
     def reducescatter(self, group: Sequence[int], buf: np.ndarray, recv: np.ndarray,
                       counts: Sequence[int], op: int) -> None:

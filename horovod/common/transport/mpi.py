@@ -1,0 +1,258 @@
+"""The MPI transport (`HOROVOD_CPU_OPERATIONS=mpi`): collectives and control messages over mpi4py.
+
+Data collectives go straight to the MPI library on the caller's numpy buffers, with no copy of
+ours: in-place `Allreduce`, `Allgatherv`, `Bcast`, `Alltoallv`, `Reduce_scatter`, each on the
+communicator of the op's group (built once per group with `Create_group`, which only the group's
+members call, so process sets need no agreement beyond the op itself). Reductions MPI has no
+operator for (float16 sums where the library lacks them, bfloat16) gather every member's buffer
+and reduce it here, in member order, so every member gets the same bits.
+
+Negotiation keeps the engine's protocol: its control messages are point-to-point messages on a
+communicator of their own (MPI keeps them in order between two ranks, as a socket does). MPI
+gives no file descriptor to sleep on, so a doorbell thread probes for an incoming control message
+while a sleeper listens, backing off from 50 us to 2 ms, and rings that sleeper's pipe; an idle
+job costs one probe every 2 ms. A peer silent past `HOROVOD_GLOO_TIMEOUT_SECONDS` inside a
+negotiation is reported as hung; a peer that dies is mpirun's to report, which ends the job.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from horovod.common import mpi_library
+from horovod.common.reduce_ops import Max, Min, Product, Sum, reduce_into
+from horovod.common.transport.base import PeerFailure, Transport, TransportContext
+
+_CONTROL_TAG = 7
+_POLL_MIN, _POLL_MAX = 50e-6, 2e-3
+_SPIN_SECONDS = 0.01
+
+
+class _Doorbell:
+    """A thread that rings a sleeper's pipe when a control message arrives while it listens.
+
+    Each sleeper is rung at most once per time it listens: `_unrung` holds the sleepers that
+    listen and have not been rung yet, so one that starts listening while the other was just rung
+    is still served."""
+
+    def __init__(self, probe: Callable[[], bool]) -> None:
+        self._probe = probe  # a control message is waiting
+        self._pipes = {driver: os.pipe() for driver in (False, True)}
+        for read_end, _ in self._pipes.values():
+            os.set_blocking(read_end, False)
+        self._unrung: set[bool] = set()
+        self._changed = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="hvd-mpi-doorbell", daemon=True)
+        self._thread.start()
+
+    def fd(self, driver: bool) -> int:
+        return self._pipes[driver][0]
+
+    def listen(self, driver: bool, on: bool) -> None:
+        with self._changed:
+            (self._unrung.add if on else self._unrung.discard)(driver)
+            self._changed.notify()
+
+    def drain(self, driver: bool) -> None:
+        try:
+            while os.read(self.fd(driver), 64):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _run(self) -> None:
+        pause = _POLL_MIN
+        while True:
+            with self._changed:
+                while not self._unrung and not self._closed:
+                    self._changed.wait()
+                    pause = _POLL_MIN
+                if self._closed:
+                    return
+                listeners = set(self._unrung)
+            if self._probe():
+                with self._changed:
+                    for driver in listeners & self._unrung:
+                        os.write(self._pipes[driver][1], b"!")
+                        self._unrung.discard(driver)
+                continue
+            time.sleep(pause)
+            pause = min(pause * 2, _POLL_MAX)
+
+    def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify()
+        self._thread.join()
+        for read_end, write_end in self._pipes.values():
+            os.close(read_end)
+            os.close(write_end)
+
+
+class MpiTransport(Transport):
+    """Collectives through the MPI library, negotiation over MPI point-to-point messages."""
+
+    name = "mpi"
+
+    def __init__(self, context: TransportContext) -> None:
+        super().__init__(context)
+        MPI = mpi_library.load()
+        mpi_library.require_threads()
+        job = context.communicator if context.communicator is not None else MPI.COMM_WORLD
+        if job.size != context.size or job.rank != context.rank:
+            raise ValueError(
+                f"HOROVOD_CPU_OPERATIONS=mpi needs a job that MPI started (mpirun, or horovodrun --mpi): "
+                f"this is rank {context.rank} of {context.size}, but MPI sees rank {job.rank} of {job.size}")
+        self._MPI = MPI
+        self._timeout = context.settings.peer_timeout_seconds
+        self._data = job.Dup()
+        self._control = job.Dup()
+        self._groups: dict[tuple[int, ...], Any] = {tuple(range(self.size)): self._data}
+        self._doorbell = _Doorbell(self.has_activity)
+        self._closed = False
+
+    def _comm(self, group: Sequence[int]) -> Any:
+        """The communicator of `group`; built by its members the first time they use it."""
+        key = tuple(group)
+        comm = self._groups.get(key)
+        if comm is None:
+            comm = self._data.Create_group(self._data.group.Incl(list(key)))
+            self._groups[key] = comm
+        return comm
+
+    def _op(self, dtype: np.dtype, op: int) -> Any:
+        """MPI's operator for `op` on `dtype`; None when MPI cannot reduce that type."""
+        MPI = self._MPI
+        if dtype == np.bool_:
+            return MPI.LOR if op in (Sum, Max) else MPI.LAND
+        if dtype.char == "e":  # MPI libraries differ on whether they can sum float16
+            return None
+        try:
+            MPI.Datatype.fromcode(dtype.char)
+        except ValueError:  # bfloat16
+            return None
+        return {Sum: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}.get(op)
+
+    # -- data plane -------------------------------------------------------------------------
+    def allreduce(self, group: Sequence[int], buf: np.ndarray, op: int) -> None:
+        comm = self._comm(group)
+        mpi_op = self._op(buf.dtype, op)
+        if mpi_op is not None:
+            comm.Allreduce(self._MPI.IN_PLACE, buf, op=mpi_op)
+            return
+        everyone = self._gather_all(comm, buf)
+        self._reduce_rows(everyone, buf, op)
+
+    def reducescatter(self, group: Sequence[int], buf: np.ndarray, recv: np.ndarray,
+                      counts: Sequence[int], op: int) -> None:
+        comm = self._comm(group)
+        mpi_op = self._op(buf.dtype, op)
+        if mpi_op is not None:
+            comm.Reduce_scatter(buf, recv, list(counts), op=mpi_op)
+            return
+        self.allreduce(group, buf, op)
+        start = sum(counts[: comm.rank])
+        recv[:] = buf[start:start + counts[comm.rank]]
+
+    def allgatherv(self, group: Sequence[int], send: np.ndarray, recv: np.ndarray,
+                   counts: Sequence[int]) -> None:
+        size = recv.dtype.itemsize
+        self._comm(group).Allgatherv(_bytes(send), _bytes(recv, [c * size for c in counts]))
+
+    def broadcast(self, group: Sequence[int], buf: np.ndarray, root: int) -> None:
+        self._comm(group).Bcast(_bytes(buf), root=list(group).index(root))
+
+    def alltoallv(self, group: Sequence[int], send: np.ndarray, send_counts: Sequence[int],
+                  recv: np.ndarray, recv_counts: Sequence[int]) -> None:
+        size = send.dtype.itemsize
+        self._comm(group).Alltoallv(_bytes(send, [c * size for c in send_counts]),
+                                    _bytes(recv, [c * size for c in recv_counts]))
+
+    def _gather_all(self, comm: Any, buf: np.ndarray) -> np.ndarray:
+        everyone = np.empty((comm.size, buf.size), dtype=buf.dtype)
+        comm.Allgather(_bytes(buf), _bytes(everyone.reshape(-1)))
+        return everyone
+
+    @staticmethod
+    def _reduce_rows(rows: np.ndarray, out: np.ndarray, op: int) -> None:
+        out[:] = rows[0]
+        for row in rows[1:]:
+            reduce_into(out, row, op)
+
+    # -- control plane ----------------------------------------------------------------------
+    def _send_all(self, ranks: Sequence[int], payload: bytes) -> list[Any]:
+        return [self._control.Isend([payload, self._MPI.BYTE], dest=r, tag=_CONTROL_TAG) for r in ranks]
+
+    def _recv(self, rank: int) -> bytes:
+        """The next control message from `rank`; PeerFailure when it stays silent too long."""
+        MPI = self._MPI
+        status = MPI.Status()
+        start = time.monotonic()
+        pause = 0.0
+        while not self._control.Iprobe(source=rank, tag=_CONTROL_TAG, status=status):
+            waited = time.monotonic() - start
+            if waited > self._timeout:
+                raise PeerFailure(rank, f"sent nothing for {self._timeout:g} s during negotiation "
+                                        "(HOROVOD_GLOO_TIMEOUT_SECONDS); it looks hung")
+            if waited < _SPIN_SECONDS:  # spin, as MPI itself waits: a sleep's wake-up costs more than
+                os.sched_yield()        # a small op; yielding keeps oversubscribed ranks moving
+            else:
+                time.sleep(pause)
+                pause = min(pause * 2 or _POLL_MIN, _POLL_MAX)
+        data = bytearray(status.Get_count(MPI.BYTE))
+        self._control.Recv([data, MPI.BYTE], source=rank, tag=_CONTROL_TAG)
+        return bytes(data)
+
+    def exchange(self, group: Sequence[int], payload: bytes) -> list[bytes]:
+        pending = self._send_all([r for r in group if r != self.rank], payload)
+        result = [payload if r == self.rank else self._recv(r) for r in group]
+        self._MPI.Request.Waitall(pending)
+        return result
+
+    def gather(self, group: Sequence[int], payload: bytes, root: int) -> list[bytes] | None:
+        if self.rank != root:
+            self._MPI.Request.Waitall(self._send_all([root], payload))
+            return None
+        return [payload if r == root else self._recv(r) for r in group]
+
+    def bcast_bytes(self, group: Sequence[int], payload: bytes | None, root: int) -> bytes:
+        if self.rank != root:
+            return self._recv(root)
+        assert payload is not None
+        self._MPI.Request.Waitall(self._send_all([r for r in group if r != root], payload))
+        return payload
+
+    # -- telling the engine that a peer is talking ------------------------------------------
+    def has_activity(self) -> bool:
+        return bool(self._control.Iprobe(source=self._MPI.ANY_SOURCE, tag=_CONTROL_TAG))
+
+    def activity_fds(self, driver: bool) -> dict[int, bool]:
+        return {self._doorbell.fd(driver): False}
+
+    def listen(self, driver: bool, on: bool) -> None:
+        self._doorbell.listen(driver, on)
+
+    def drain(self, driver: bool) -> None:
+        self._doorbell.drain(driver)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._doorbell.close()
+        for comm in {id(c): c for c in (*self._groups.values(), self._control)}.values():
+            comm.Free()
+
+
+def _bytes(array: np.ndarray, counts: list[int] | None = None) -> list[Any]:
+    """The array's memory as an MPI byte buffer (blocks of `counts` bytes): moving data needs no MPI
+    type for its dtype (bfloat16), and no copy."""
+    data = array.reshape(-1).view(np.uint8)
+    byte = mpi_library.load().BYTE
+    return [data, byte] if counts is None else [data, counts, byte]

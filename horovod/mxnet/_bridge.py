@@ -1,0 +1,81 @@
+"""MXNet NDArrays <-> the numpy arrays the core moves.
+
+An NDArray's memory belongs to MXNet's asynchronous engine, so it is read with `asnumpy()`
+(which first waits for the operations still writing it) and written back with `tensor[:] = ...`
+(queued on that engine like any other write). `start` submits and returns a `Pending`;
+`run` submits and waits with this thread running the engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import mxnet as mx
+import numpy as np
+
+from horovod.common import basics, ops
+from horovod.common.collective_rules import CORE_CALLS
+from horovod.common.exceptions import HorovodInternalError
+from horovod.common.reduce_ops import dtype_name
+
+
+def host_array(tensor: Any, what: str) -> np.ndarray:
+    """`tensor`'s values as a C-contiguous numpy array; ValueError naming `what` otherwise."""
+    if not isinstance(tensor, mx.nd.NDArray):
+        raise ValueError(f"{what}: expected an mx.nd.NDArray, got {type(tensor).__name__}")
+    if tensor.stype != "default":
+        raise ValueError(f"{what}: {tensor.stype} NDArrays are not supported; pass tensor.tostype('default')")
+    try:
+        dtype_name(np.dtype(tensor.dtype))
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+    return np.ascontiguousarray(tensor.asnumpy())
+
+
+def to_ndarray(array: np.ndarray, like: Any) -> Any:
+    """A new NDArray holding `array`, on `like`'s device."""
+    return mx.nd.array(array, ctx=like.context, dtype=array.dtype)
+
+
+class Pending:
+    """A submitted collective; `wait()` returns its result as NDArrays (written into the inputs
+    for in-place variants)."""
+
+    __slots__ = ("handle", "kind", "tensors", "grouped", "inplace")
+
+    def __init__(self, handle: ops.Handle, kind: str, tensors: Sequence[Any], grouped: bool, inplace: bool) -> None:
+        self.handle, self.kind, self.tensors, self.grouped, self.inplace = handle, kind, list(tensors), grouped, inplace
+
+    def wait(self) -> Any:
+        try:
+            result = self.handle.wait()
+        except HorovodInternalError:
+            raise
+        except RuntimeError as exc:
+            raise HorovodInternalError(str(exc)) from exc
+        results = list(result) if self.grouped else [result]
+        if self.kind == "alltoall":
+            results = [rows for rows, _ in results]
+        outputs = []
+        for tensor, array in zip(self.tensors, results):
+            if self.inplace:
+                tensor[:] = array
+                outputs.append(tensor)
+            else:
+                outputs.append(to_ndarray(array, tensor))
+        return outputs if self.grouped else outputs[0]
+
+
+def start(kind: str, tensors: Sequence[Any], grouped: bool = False, inplace: bool = False, **kwargs: Any) -> Pending:
+    """Submit `tensors` to the core's collective `kind` (as one group when `grouped`)."""
+    arrays = [host_array(t, f"{kind} {kwargs.get('name') or ''}".strip()) for t in tensors]
+    single, group = CORE_CALLS[kind]
+    handle = group(arrays, **kwargs) if grouped else single(arrays[0], **kwargs)  # type: ignore[misc]
+    return Pending(handle, kind, tensors, grouped, inplace)
+
+
+def run(kind: str, tensors: Sequence[Any], **kwargs: Any) -> Any:
+    """Submit and wait: this thread runs the engine itself (see Engine.caller_waits)."""
+    with basics.runtime().engine.caller_waits():
+        pending = start(kind, tensors, **kwargs)
+    return pending.wait()

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create (or reuse) the MXNet environment: mxnet 1.9.1 needs numpy<1.24, which the main
+# environment (TensorFlow, JAX: numpy 2) cannot hold, so MXNet gets a virtual environment of its own.
+# khorovod itself is put on PYTHONPATH by whoever runs it (the tests do). Prints the interpreter.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV_MXNET:-.venv-mxnet}
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import mxnet, cloudpickle, yaml" 2>/dev/null; then
+    python3 -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "mxnet==1.9.1" "numpy<1.24" \
+        "cloudpickle>=2.0" "pyyaml>=5.4" >&2
+fi
+echo "$VENV/bin/python"

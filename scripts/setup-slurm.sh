@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install Debian's Slurm and munge (and the PMIx library srun's MPI plugin loads) when missing,
+# for the tests under tests/slurm. Needs root and apt-get; elsewhere those tests skip, saying why.
+set -euo pipefail
+need=()
+command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm)
+command -v munged >/dev/null 2>&1 || need+=(munge)
+[ -e /usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so ] || [ -e /usr/lib/aarch64-linux-gnu/pmix2/lib/libpmix.so ] \
+    || need+=(libpmix-dev)
+if [ ${#need[@]} -eq 0 ]; then
+    exit 0
+fi
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "setup-slurm: not root or no apt-get: ${need[*]} not installed; tests/slurm will skip" >&2
+    exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >&2
+apt-get install -y -qq "${need[@]}" >&2
