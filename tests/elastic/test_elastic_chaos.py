@@ -51,21 +51,28 @@ def test_random_kills_and_host_changes_never_lose_committed_work(tmp_path, run):
                             sys.executable, TRAIN, str(tmp_path), "3", "6"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                            start_new_session=True)
-    events = []
+    events: list[str] = []
+    first = rng.choice(["kill", "hosts"])
+    plan = [first, "hosts" if first == "kill" else "kill", rng.choice(["kill", "hosts"])]
     try:
-        for _ in range(3):  # two kills and one host change, in a random order and at random times
+        for event in plan:  # a kill and a host change early, then one more of either, at random times
             time.sleep(rng.uniform(0.5, 3.0))
             if job.poll() is not None:
                 break
-            if len(events) == 1 or rng.random() < 0.5 and "hosts" not in events:
+            if event == "hosts":
                 hosts = HOSTS[:2] if rng.random() < 0.5 else HOSTS[:1] + HOSTS[2:]
                 (tmp_path / "hosts").write_text("\n".join(hosts) + "\n")
                 events.append("hosts")
-            else:
-                workers = [pid for pid in processes_mentioning(str(tmp_path)) if pid != job.pid]
+                continue
+            deadline = time.monotonic() + 10
+            while job.poll() is None and time.monotonic() < deadline:
+                # Workers only (their argv holds the script then the run's directory), not horovodrun.
+                workers = [pid for pid in processes_mentioning(f"{TRAIN}\0{tmp_path}") if pid != job.pid]
                 if workers:
                     os.kill(rng.choice(workers), signal.SIGKILL)
                     events.append("kill")
+                    break
+                time.sleep(0.1)
         out, err = job.communicate(timeout=150)
     finally:
         if job.poll() is None:
