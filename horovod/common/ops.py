@@ -265,6 +265,17 @@ def synchronize(handle: Handle) -> object:
     return handle.wait()
 
 
+def wait_as_internal_error(handle: Handle) -> Any:
+    """The op's result; any core failure surfaces as HorovodInternalError, the one type that
+    framework users (and elastic training) catch around a collective."""
+    try:
+        return handle.wait()
+    except HorovodInternalError:
+        raise
+    except RuntimeError as exc:
+        raise HorovodInternalError(str(exc)) from exc
+
+
 # Objects travel as cloudpickled uint8 arrays: first the length, then the bytes.
 def broadcast_object(obj: object, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> object:

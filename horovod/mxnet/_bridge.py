@@ -15,7 +15,6 @@ import numpy as np
 
 from horovod.common import basics, ops
 from horovod.common.collective_rules import CORE_CALLS
-from horovod.common.exceptions import HorovodInternalError
 from horovod.common.reduce_ops import dtype_name
 
 
@@ -47,12 +46,7 @@ class Pending:
         self.handle, self.kind, self.tensors, self.grouped, self.inplace = handle, kind, list(tensors), grouped, inplace
 
     def wait(self) -> Any:
-        try:
-            result = self.handle.wait()
-        except HorovodInternalError:
-            raise
-        except RuntimeError as exc:
-            raise HorovodInternalError(str(exc)) from exc
+        result = ops.wait_as_internal_error(self.handle)
         results = list(result) if self.grouped else [result]
         if self.kind == "alltoall":
             results = [rows for rows, _ in results]

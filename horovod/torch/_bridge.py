@@ -18,7 +18,6 @@ import torch
 
 from horovod.common import basics, ops
 from horovod.common.collective_rules import CORE_CALLS
-from horovod.common.exceptions import HorovodInternalError
 from horovod.common.process_sets import ProcessSet
 from horovod.common.reduce_ops import BFLOAT16, DTYPE_NAMES, is_bfloat16
 
@@ -69,13 +68,7 @@ class Pending:
         return self.handle.poll()
 
     def wait(self) -> Any:
-        try:
-            result = self.handle.wait()
-        except HorovodInternalError:
-            raise
-        except RuntimeError as exc:
-            raise HorovodInternalError(str(exc)) from exc
-        return self.finish(result)
+        return self.finish(ops.wait_as_internal_error(self.handle))
 
 
 def start(kind: str, tensors: Sequence[torch.Tensor], grouped: bool = False, inplace: bool = False,
