@@ -39,6 +39,19 @@ def decode_plan(raw: bytes) -> dict[str, Topology]:
     return {str(worker): Topology(*fields) for worker, fields in wire.decode(raw).items()}
 
 
+#: Scope where each worker records the rounds it joined (key `<round>:<worker id>`, empty value):
+#: the driver reads it to tell a worker that can still finish from one waiting for a round that a
+#: worker which has already finished will never join.
+ROUND_MEMBERS = "round_members"
+
+
+def last_joined_round(server: RendezvousServer, member: str) -> int:
+    """Driver side: the newest round that worker `member` joined (0: none yet)."""
+    rounds = [int(number) for number, _, who in (key.partition(":") for key in server.keys(ROUND_MEMBERS))
+              if who == member]
+    return max(rounds, default=0)
+
+
 def publish_round(server: RendezvousServer, assignment: Mapping[str, Topology]) -> int:
     """Driver side: start a round in which each worker id takes its slot; returns its number."""
     return server.open_round(list(assignment), encode_plan(assignment))
@@ -51,9 +64,11 @@ class StoreBootstrap:
         reject_comm(comm, settings.topology.size)
         store = connect_store(settings, "HOROVOD_BOOTSTRAP=store needs the rendezvous store the driver serves")
         try:
-            number, topology = _wait_for_slot(store, worker_id(settings.topology), previous_round,
-                                              settings.start_timeout, settings.elastic)
+            me = worker_id(settings.topology)
+            number, topology = _wait_for_slot(store, me, previous_round, settings.start_timeout,
+                                              settings.elastic)
             store.put(JOINED, str(topology.rank), b"")
+            store.put(ROUND_MEMBERS, f"{number}:{me}", b"")
         except BaseException:
             store.close()
             raise

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from horovod.common.bootstrap.store import publish_change, publish_round
+from horovod.common.bootstrap.store import last_joined_round, publish_change, publish_round
 from horovod.runner.elastic.discovery import HostDiscovery
 from horovod.runner.elastic.hosts import HostManager, HostUpdate
 from horovod.runner.elastic.plan import as_assignment, plan_round, worker_name
@@ -67,6 +67,7 @@ class ElasticDriver(Job):
         self._exits: queue.Queue[tuple[WorkerProcess, int]] = queue.Queue()
         self._short_since: float | None = None
         self._finishing: float | None = None
+        self._finished_round = 0  # the newest round the first worker to finish had joined
 
     def result_ranks(self) -> list[int]:
         """The first `--min-np` ranks of the round that finished the job (Horovod's choice)."""
@@ -121,6 +122,7 @@ class ElasticDriver(Job):
         if returncode == 0:
             if self._finishing is None:
                 self._finishing = now
+                self._finished_round = last_joined_round(self.store, name)
                 self.final_plan = list(self.plan)
                 self.say(f"worker {name} finished; waiting for the others of round {self.round}")
             return None
@@ -136,6 +138,7 @@ class ElasticDriver(Job):
 
     def _finish_or_replan(self, now: float) -> JobResult | None:
         if self._finishing is not None:
+            self._stop_unfinishable(now)
             if not self._live:
                 return JobResult(0)
             if now - self._finishing > _FINISH_GRACE_SECONDS:
@@ -152,6 +155,19 @@ class ElasticDriver(Job):
         if [(worker_name(s), s) for s in desired] != [(worker_name(s), s) for s in self.plan]:
             return self._publish(desired, now)
         return None
+
+    def _stop_unfinishable(self, now: float) -> None:
+        """Training is complete once a worker has finished. A worker that has joined a newer round
+        than the finished one ever did waits for a peer that will never come: stop it, as one the
+        plan left out (its exit then means nothing to the job)."""
+        for name, worker in list(self._live.items()):
+            joined = last_joined_round(self.store, name)
+            if joined > self._finished_round:
+                self.say(f"worker {name} joined round {joined}, which the finished workers never joined; "
+                         "stopping it: the training is complete")
+                del self._live[name]
+                self._retiring[worker] = now
+                worker.signal(signal.SIGTERM)
 
     def _usable(self, now: float) -> dict[str, int]:
         """The hosts a round may use now: not blacklisted, and not still running workers an earlier
