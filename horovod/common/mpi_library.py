@@ -35,7 +35,10 @@ def usable() -> bool:
         return True
     if not available():
         return False
-    probe = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; MPI.Get_library_version()"],
+    # Loading the library is the question; initialising MPI is not (Open MPI's singleton start
+    # would also leave a shared-memory segment behind in /dev/shm).
+    probe = subprocess.run([sys.executable, "-c", "import mpi4py; mpi4py.rc.initialize = False; "
+                            "from mpi4py import MPI; MPI.Get_library_version()"],
                            stdin=subprocess.DEVNULL, capture_output=True, timeout=60)
     return probe.returncode == 0
 

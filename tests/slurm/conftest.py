@@ -72,7 +72,9 @@ def slurm() -> dict[str, str]:
                                             stderr=subprocess.DEVNULL))
         _wait_for(lambda: "idle" in subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True,
                                                    text=True).stdout, 30, "the Slurm node did not become idle")
-        yield {"SLURM_CONF": str(conf)}
+        # Open MPI leaves a singleton's shared-memory segment (srun without PMIx) in /dev/shm: keep
+        # the tasks' segments in this directory, which goes with the cluster.
+        yield {"SLURM_CONF": str(conf), "OMPI_MCA_btl_sm_backing_directory": str(tmp)}
     finally:
         if len(daemons) > 1:  # slurmctld started: a failed test may have left jobs in it
             _cancel_jobs(env)

@@ -102,6 +102,13 @@ class MpiTransport(Transport):
 
     def __init__(self, context: TransportContext) -> None:
         super().__init__(context)
+        if context.communicator is None and context.settings.bootstrap != "mpi" and context.size > 1:
+            # Say so before loading MPI: a singleton MPI started here only to refuse would leave its
+            # shared-memory segments behind in /dev/shm.
+            raise ValueError(
+                f"HOROVOD_CPU_OPERATIONS=mpi needs a job that MPI started (mpirun, or horovodrun --mpi): "
+                f"this is rank {context.rank} of {context.size}, started by the "
+                f"{context.settings.bootstrap!r} bootstrap, not by MPI")
         MPI = mpi_library.load()
         mpi_library.require_threads()
         job = context.communicator if context.communicator is not None else MPI.COMM_WORLD
