@@ -242,6 +242,7 @@ class Signals:
             deaths.local_cause = None
             deaths.listeners.clear()
             if deaths.reported is not None:
+                deaths.announce()  # the reason first, in the store: a peer that reads BLAME can find it
                 self.mine.header[BLAME] = deaths.reported + 1
         self.mine.header[CLOSED] = 1
         fence()

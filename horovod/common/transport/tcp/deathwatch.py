@@ -107,17 +107,24 @@ class DeathWatch:
         """Whom `rank` blamed when it stopped, or `rank` itself if it left no word (it crashed)."""
         local_cause = self.local_cause
         known = local_cause(rank) if local_cause is not None else None
+        word = self._word_of(rank)  # the store also carries why, even when shared memory told us whom
         if known is None:
-            try:
-                blamed, _, why = self._store.get(self._scope, f"blame.{rank}", 0.0).decode().partition("\n")
-                known = int(blamed)
-                if why:
-                    self._told.setdefault(known, why)
-            except (TimeoutError, OSError, ValueError):
+            if word is None:
                 return rank
+            known = word[0]
+        if word is not None and word[0] == known and word[1]:
+            self._told.setdefault(known, word[1])
         if known != rank:
             self._tellers.setdefault(known, rank)
         return known
+
+    def _word_of(self, rank: int) -> tuple[int, str] | None:
+        """Whom `rank` blamed and why, as it left word in the rendezvous store (None: no word)."""
+        try:
+            blamed, _, why = self._store.get(self._scope, f"blame.{rank}", 0.0).decode().partition("\n")
+            return int(blamed), why
+        except (TimeoutError, OSError, ValueError):
+            return None
 
     def _hung_up(self, rank: int) -> bool:
         """Whether `rank`'s end of its connection closes within a moment, as a crashed process's
