@@ -9,12 +9,19 @@ the store); rank 0 tells every rank in one broadcast, so all raise `HostsUpdated
 together, re-join, and continue from the state they have (no rollback; no sync when workers were
 only removed, since every survivor holds the same state). Frameworks supply how to broadcast
 an object and how to reset (`horovod.torch.elastic`, `horovod.tensorflow.elastic`).
+
+On entering the loop and after each re-join the slot variables in `os.environ` (`HOROVOD_RANK`, `HOROVOD_SIZE`, the
+`LOCAL_`/`CROSS_` ones, `HOROVOD_HOSTNAME`) are rewritten to the new round's values: scripts read
+them (to pin a device, to name files), and Horovod's workers update them the same way. This loop
+is the one place the library writes `os.environ`; a worker keeps its id (`host:local slot`) because
+the driver never moves a worker to another local slot.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import os
 import queue
 from typing import Any, Callable, TypeVar
 
@@ -126,6 +133,7 @@ def run_fn(func: F, reset: Callable[[], None]) -> F:
     @functools.wraps(func)
     def wrapper(state: State, *args: Any, **kwargs: Any) -> Any:
         skip_sync = False
+        _export_slot()  # a worker may have joined a newer round than the one it was launched for
         while True:
             try:
                 if not skip_sync:
@@ -143,6 +151,7 @@ def run_fn(func: F, reset: Callable[[], None]) -> F:
             except HostsUpdatedInterrupt as exc:
                 skip_sync = exc.skip_sync
             _rejoin(reset)
+            _export_slot()  # before the reset callbacks, which may read it
             state.on_reset()
 
     return wrapper  # type: ignore[return-value]
@@ -158,6 +167,11 @@ def reset() -> None:
 def run(func: F) -> F:
     """Decorator: run `func(state, ...)` so that it survives failures and host changes."""
     return run_fn(func, reset)
+
+
+def _export_slot() -> None:
+    """Write the current round's slot variables into `os.environ` (see the module docstring)."""
+    os.environ.update(basics.runtime().settings.topology.variables())
 
 
 def _horovod_cause(exc: Exception) -> Exception:

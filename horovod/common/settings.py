@@ -77,6 +77,12 @@ class Topology:
     cross_size: int = 1
     hostname: str = "localhost"
 
+    def variables(self) -> dict[str, str]:
+        """The slot variables a worker's environment carries (what `Settings.from_env` reads)."""
+        return {"HOROVOD_HOSTNAME": self.hostname, "HOROVOD_RANK": str(self.rank), "HOROVOD_SIZE": str(self.size),
+                "HOROVOD_LOCAL_RANK": str(self.local_rank), "HOROVOD_LOCAL_SIZE": str(self.local_size),
+                "HOROVOD_CROSS_RANK": str(self.cross_rank), "HOROVOD_CROSS_SIZE": str(self.cross_size)}
+
 
 @dataclass(frozen=True)
 class AutotuneSettings:

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from horovod.common.settings import Topology
+
 _HOST_ENTRY = re.compile(r"^[\w.-]+:[0-9]+$")
 _HOSTFILE_LINE = re.compile(r"^(?P<host>[\w.-]+)(?:\s+slots\s*=\s*(?P<slots>[0-9]+))?$")
 
@@ -35,6 +37,10 @@ class SlotInfo:
     size: int
     local_size: int
     cross_size: int
+
+    def topology(self) -> Topology:
+        return Topology(self.rank, self.size, self.local_rank, self.local_size,
+                        self.cross_rank, self.cross_size, self.hostname)
 
     def to_response_string(self) -> str:
         """The compact form Horovod's elastic driver sends to workers."""

@@ -61,14 +61,8 @@ def worker_env(
     """The environment of one worker, without the secret (the caller adds it its own way)."""
     env = {name: value for name, value in base.items() if _inherited(name)}
     env.update(extra)
+    env.update(slot.topology().variables())
     env.update(
-        HOROVOD_HOSTNAME=slot.hostname,
-        HOROVOD_RANK=str(slot.rank),
-        HOROVOD_SIZE=str(slot.size),
-        HOROVOD_LOCAL_RANK=str(slot.local_rank),
-        HOROVOD_LOCAL_SIZE=str(slot.local_size),
-        HOROVOD_CROSS_RANK=str(slot.cross_rank),
-        HOROVOD_CROSS_SIZE=str(slot.cross_size),
         HOROVOD_GLOO_RENDEZVOUS_ADDR=rendezvous_addr,
         HOROVOD_GLOO_RENDEZVOUS_PORT=str(rendezvous_port),
         HOROVOD_CONTROLLER="gloo",

@@ -77,6 +77,8 @@ def committed(tmp_path: Path, epochs: int) -> dict:
     for epoch in range(epochs):
         repeats = sum(n - 1 for (e, _), n in counts.items() if e == epoch)
         assert repeats < max(result["sizes"]), (epoch, repeats)
+    # After every re-init, HOROVOD_RANK and the other slot variables follow the new round.
+    assert result["env_mismatches"] == []
     return result
 
 

@@ -10,7 +10,8 @@ Environment knobs (all optional):
   (the discovery script prints it), then waits for the new round before going on.
 - ELASTIC_STEP_SECONDS: sleep per batch (default 0.02).
 Rank 0 writes OUT_DIR/result.json at the end: each committed step (its epoch and every rank's
-samples), its size and time, and the final weight and bias.
+samples), its size and time, the final weight and bias, and every step at which a rank's slot
+variables in os.environ disagreed with hvd.rank(), hvd.size() and the local/cross queries.
 """
 
 import json
@@ -37,6 +38,15 @@ def loss_of(model, samples):
     return ((model(data) - 2 * data) ** 2).mean()
 
 
+def env_disagreements():
+    """The slot variables of this worker's environment that differ from the current round's values."""
+    current = {"HOROVOD_RANK": hvd.rank(), "HOROVOD_SIZE": hvd.size(), "HOROVOD_LOCAL_RANK": hvd.local_rank(),
+               "HOROVOD_LOCAL_SIZE": hvd.local_size(), "HOROVOD_CROSS_RANK": hvd.cross_rank(),
+               "HOROVOD_CROSS_SIZE": hvd.cross_size()}
+    return {name: (os.environ.get(name), str(value)) for name, value in current.items()
+            if os.environ.get(name) != str(value)}
+
+
 BATCH = 4
 
 
@@ -48,7 +58,8 @@ def main():
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
                                          named_parameters=model.named_parameters())
     sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=3)
-    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, steps=[], sizes=[], stamps=[])
+    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0, steps=[], sizes=[], stamps=[],
+                                   env_mismatches=[])
     kills = [entry.split(":") for entry in os.environ.get("ELASTIC_KILL", "").split(",") if entry]
     schedule = dict(item.split("=", 1) for item in os.environ.get("ELASTIC_HOSTS", "").split(";") if item)
     step_seconds = float(os.environ.get("ELASTIC_STEP_SECONDS", "0.02"))
@@ -84,6 +95,9 @@ def main():
                 loss_of(model, data.tolist()).backward()
                 optimizer.step()
                 everyone = hvd.allgather_object([int(i) for i in data.tolist()])
+                disagreeing = [d for d in hvd.allgather_object(env_disagreements()) if d]
+                if disagreeing:
+                    state.env_mismatches.append((state.epoch, state.batch, disagreeing))
                 state.steps.append((state.epoch, everyone))
                 state.sizes.append(hvd.size())
                 state.stamps.append(time.time())
@@ -100,7 +114,8 @@ def main():
     if hvd.rank() == 0:
         with open(os.path.join(out, "result.json"), "w") as f:
             json.dump({"steps": state.steps, "sizes": state.sizes, "stamps": state.stamps,
-                       "weight": model.weight.item(), "bias": model.bias.item(), "dataset": len(dataset)}, f)
+                       "weight": model.weight.item(), "bias": model.bias.item(), "dataset": len(dataset),
+                       "env_mismatches": state.env_mismatches}, f)
 
 
 if __name__ == "__main__":

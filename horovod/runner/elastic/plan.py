@@ -30,6 +30,4 @@ def plan_round(usable: Mapping[str, int], min_np: int, max_np: int | None) -> li
 
 def as_assignment(slots: list[SlotInfo]) -> dict[str, Topology]:
     """The plan the store bootstrap reads: worker id -> its slot this round."""
-    return {worker_name(slot): Topology(slot.rank, slot.size, slot.local_rank, slot.local_size,
-                                        slot.cross_rank, slot.cross_size, slot.hostname)
-            for slot in slots}
+    return {worker_name(slot): slot.topology() for slot in slots}
