@@ -94,6 +94,20 @@ def test_a_worker_killed_with_sigkill_is_dropped_with_its_host_and_training_goes
     assert sizes[:3] == [3, 3, 3] and set(sizes[3:]) == {2}
 
 
+@pytest.mark.parametrize("kills, dead, final", [
+    ("0:2:1:commit", ["127.0.0.1:0 (rank 1 of round 1)"], 2),  # in state.commit(), between snapshot and host check
+    ("0:1:2,0:1:1:reset", ["127.0.0.2:0 (rank 2 of round 1)", "127.0.0.1:0 (rank 1 of round 2)"], 1),  # in re-init
+], ids=["during-commit", "during-re-init"])
+def test_a_worker_killed_during_commit_or_re_init_never_hangs_the_job(tmp_path, kills, dead, final):
+    script = discovery(tmp_path, "localhost:1,127.0.0.1:1,127.0.0.2:1")
+    done = horovodrun(tmp_path, ["-np", "3", "--min-np", "1", "--host-discovery-script", script], ELASTIC_KILL=kills)
+    assert done.returncode == 0, done.stderr
+    for worker in dead:
+        assert f"worker {worker}" in done.stderr and "killed by signal SIGKILL" in done.stderr, done.stderr
+    sizes = committed(tmp_path, 2)["sizes"]
+    assert sizes[0] == 3 and sizes[-1] == final
+
+
 def test_a_worker_failing_by_exception_on_fixed_hosts_with_min_np(tmp_path):
     done = horovodrun(tmp_path, ["-np", "3", "--min-np", "2", "-H", "localhost:2,127.0.0.1:1"],
                       ELASTIC_KILL="0:2:2:raise")

@@ -4,8 +4,10 @@
 
 Environment knobs (all optional):
 - ELASTIC_KILL="<epoch>:<batch>:<rank>[:how]" (comma-separated): that rank dies there once
-  (`how` = kill for SIGKILL, the default, or raise for an exception); a marker file in OUT_DIR
-  keeps a replacement from dying again.
+  (`how` = kill for SIGKILL, the default; raise for an exception; commit for SIGKILL in the middle
+  of that batch's `state.commit()`, after its snapshot, before its host check; reset for SIGKILL in
+  the next re-init, once the new round has formed and before the state is synced); a marker file
+  in OUT_DIR keeps a replacement from dying again.
 - ELASTIC_HOSTS="<epoch>=<hosts file text>;...": rank 0 writes OUT_DIR/hosts at that epoch
   (the discovery script prints it), then waits for the new round before going on.
 - ELASTIC_STEP_SECONDS: sleep per batch (default 0.02).
@@ -64,15 +66,40 @@ def main():
     schedule = dict(item.split("=", 1) for item in os.environ.get("ELASTIC_HOSTS", "").split(";") if item)
     step_seconds = float(os.environ.get("ELASTIC_STEP_SECONDS", "0.02"))
 
-    def maybe_die(epoch, batch):
+    def die(number):
+        with open(os.path.join(out, f"killed.{number}"), "w") as f:
+            f.write(repr(time.time()))  # when it died: recovery time is measured from here
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def maybe_die(epoch, batch, moment="step"):
         for number, entry in enumerate(kills):
-            marker = os.path.join(out, f"killed.{number}")
-            if [int(v) for v in entry[:3]] == [epoch, batch, hvd.rank()] and not os.path.exists(marker):
-                with open(marker, "w") as f:
-                    f.write(repr(time.time()))  # when it died: recovery time is measured from here
-                if entry[3:] == ["raise"]:
-                    raise ValueError(f"rank {hvd.rank()} fails on purpose at epoch {epoch} batch {batch}")
-                os.kill(os.getpid(), signal.SIGKILL)
+            how = (entry[3:] or ["kill"])[0]
+            if ([int(v) for v in entry[:3]] != [epoch, batch, hvd.rank()]
+                    or os.path.exists(os.path.join(out, f"killed.{number}"))
+                    or (moment == "commit") != (how == "commit")):
+                continue
+            if how == "raise":
+                open(os.path.join(out, f"killed.{number}"), "w").close()
+                raise ValueError(f"rank {hvd.rank()} fails on purpose at epoch {epoch} batch {batch}")
+            if how == "reset":
+                armed_resets.append(number)  # dies in the next re-init instead
+            else:
+                die(number)
+
+    armed_resets = []
+
+    def die_in_reset():
+        if armed_resets:
+            die(armed_resets.pop())
+
+    state.register_reset_callbacks([die_in_reset])
+    save = state.save
+
+    def save_then_maybe_die():  # commit() is save() then the host check: die between the two
+        save()
+        maybe_die(state.epoch, state.batch - 1, "commit")
+
+    state.save = save_then_maybe_die
 
     def change_hosts(epoch):
         text = schedule.get(str(epoch))
