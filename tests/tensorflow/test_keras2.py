@@ -3,6 +3,8 @@ is Keras 3) and under tf_keras (`TF_USE_LEGACY_KERAS=1`), on 2 real ranks: Distr
 (legacy optimizers, `lr=`, configs, backward_passes_per_step, sparse_as_dense, partial), every
 callback, and load_model."""
 
+import importlib.util
+
 import pytest
 
 tf = pytest.importorskip("tensorflow")
@@ -75,6 +77,23 @@ def _():
     m.fit(ids, (ids[:, 0] + r) % 2, batch_size=4, epochs=1, verbose=0)
     return [w.tolist() for w in m.get_weights()]
 
+if LEGACY:
+    @check("keras2_script")
+    def _():
+        """A Horovod-era Keras 2 script's idioms, unchanged."""
+        m = model()
+        opt = hvd.DistributedOptimizer(K.optimizers.legacy.SGD(lr=0.01 * hvd.size(), momentum=0.9))
+        m.compile(loss=LOSS, optimizer=opt, metrics=["accuracy"], experimental_run_tf_function=False)
+        folder = tempfile.mkdtemp()
+        callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
+                     hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.01 * hvd.size(), warmup_epochs=1,
+                                                              verbose=1)]
+        if r == 0:
+            callbacks.append(K.callbacks.ModelCheckpoint(folder + "/checkpoint-{epoch}.h5"))
+        hist = m.fit(X[r::n], Y[r::n], batch_size=4, epochs=2, verbose=1 if r == 0 else 0, callbacks=callbacks)
+        return [len(opt.variables()), float(K.backend.get_value(opt.lr)), sorted(os.listdir(folder)),
+                hist.history["accuracy"]]
+
 @check("load_model")
 def _():
     m = model()
@@ -91,6 +110,8 @@ def _():
 
 
 def keras_run(flavour):
+    if flavour == "tf_keras":
+        assert importlib.util.find_spec("tf_keras"), "tf_keras is not installed: bash scripts/setup-venv.sh installs it"
     env = {"TF_USE_LEGACY_KERAS": "1"} if flavour == "tf_keras" else {}
     return run_tf(SNIPPET, np=2, timeout=240, env=env)
 
@@ -136,6 +157,16 @@ def test_sparse_as_dense_and_local_layers(run):
     zero, one = both(run, "sparse_partial")
     assert zero[0] == one[0]  # the embedding is reduced
     assert zero[-1] != one[-1]  # the local layer is not
+
+
+def test_keras2_script_idioms(run):
+    if run[0] != "tf_keras":
+        return  # Keras 3 refuses these spellings: docs/tensorflow.md lists the one-line changes
+    zero, one = both(run, "keras2_script")
+    assert zero[0] == one[0] == 5  # opt.variables(), called: iterations and a momentum slot per weight
+    assert zero[1] == one[1]
+    assert zero[2] == ["checkpoint-1.h5", "checkpoint-2.h5"] and one[2] == []
+    assert zero[3] == one[3]  # averaged
 
 
 def test_load_model_keeps_state_and_distributes(run):
