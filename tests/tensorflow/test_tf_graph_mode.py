@@ -102,7 +102,7 @@ def in_session(specs, inter_op, shuffle):
         config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=inter_op, intra_op_parallelism_threads=1,
                                           use_per_session_threads=True)  # not the first session's pool
         with tf.compat.v1.Session(config=config) as session:
-            return [errors(session.run(outputs), expected) for _ in range(3)]
+            return [errors(session.run(outputs), expected) for _ in range(2)]
 
 def traced_and_eager(specs):
     tf.random.set_seed(r)
@@ -110,8 +110,8 @@ def traced_and_eager(specs):
         pairs = [build(kind, i) for kind, i in specs]
         return [o for outs, _ in pairs for o in outs], [e for _, want in pairs for e in want]
     expected = step()[1]
-    return {{"eager": errors(step()[0], expected),
-             "function": [errors(tf.function(lambda: step()[0])(), expected) for _ in range(2)]}}
+    traced = tf.function(lambda: step()[0])
+    return {{"eager": errors(step()[0], expected), "function": [errors(traced(), expected) for _ in range(2)]}}
 
 for name, specs, shuffle in (("fixed", FIXED, False), ("mixed", MIXED, True)):
     check(f"session_{{name}}")(lambda: in_session(specs, THREADS, shuffle))
@@ -127,6 +127,6 @@ def test_many_collectives_in_one_graph(np_, threads):
     for rank in range(np_):
         got = results(run, rank)
         for name in ("fixed", "mixed"):
-            assert ok(got[f"session_{name}"]) == [[], [], []], (rank, name)
+            assert ok(got[f"session_{name}"]) == [[], []], (rank, name)
             assert ok(got[f"traced_{name}"]) == {"eager": [], "function": [[], []]}, (rank, name)
     run.check()
