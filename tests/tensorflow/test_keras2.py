@@ -57,6 +57,16 @@ def _():
     again = type(opt).from_config(opt.get_config())
     return [type(again).__name__, float(opt.learning_rate.numpy()), float(again.learning_rate.numpy())]
 
+@check("custom_loop")
+def _():
+    import horovod.tensorflow as hvd_tf
+    opt = hvd_tf.DistributedOptimizer(K.optimizers.SGD(0.1))
+    w = tf.Variable([1.0, 2.0])
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(w * (r + 1.0))
+    opt.apply_gradients(zip(tape.gradient(loss, [w]), [w]))  # a tape's gradients: reduced on apply
+    return w.numpy().tolist()
+
 @check("callbacks")
 def _():
     m = model(seed=r)  # every rank starts elsewhere: the broadcast makes them equal
@@ -66,6 +76,17 @@ def _():
         hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.1, warmup_epochs=1, steps_per_epoch=4)])
     return {"weights": [w.tolist() for w in m.get_weights()], "loss": hist.history["loss"],
             "lr": [float(v) for v in hist.history["lr"]]}
+
+@check("best_and_schedule")
+def _():
+    m = model()
+    m.compile(optimizer=hvd.DistributedOptimizer(K.optimizers.SGD(0.1)), loss=LOSS)
+    folder = tempfile.mkdtemp()
+    best = hvd.callbacks.BestModelCheckpoint(monitor="loss")
+    best.filepath = folder + "/best.keras"
+    schedule = hvd.callbacks.LearningRateScheduleCallback(initial_lr=0.1, multiplier=0.5)
+    hist = m.fit(X[r::n], Y[r::n], batch_size=4, epochs=2, verbose=0, callbacks=[best, schedule])
+    return [sorted(os.listdir(folder)), hist.history["lr"]]
 
 @check("sparse_partial")
 def _():
@@ -145,12 +166,23 @@ def test_optimizer_config_round_trips(run):
         assert got[1:] == pytest.approx([0.02, 0.02])
 
 
+def test_custom_loop_through_horovod_tensorflow(run):
+    for got in both(run, "custom_loop"):
+        assert got == pytest.approx([1.0 - 0.15, 2.0 - 0.15])  # the gradient averaged: (1 + 2) / 2
+
+
 def test_callbacks(run):
     zero, one = both(run, "callbacks")
     assert zero["weights"] == one["weights"]
     assert zero["loss"] == one["loss"]  # averaged over the ranks
     # warmup over epoch 0 (4 steps): at its last step 0.1 * (0.75 * (2 - 1) + 1) / 2, then unchanged
     assert zero["lr"] == one["lr"] == pytest.approx([0.0875, 0.0875])
+
+
+def test_best_checkpoint_and_schedule(run):
+    for got in both(run, "best_and_schedule"):
+        assert got[0] == ["best.keras"]
+        assert got[1] == pytest.approx([0.1, 0.05])  # 0.1 * 0.5 ** epoch
 
 
 def test_sparse_as_dense_and_local_layers(run):
