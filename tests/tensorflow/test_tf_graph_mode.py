@@ -113,6 +113,21 @@ def traced_and_eager(specs):
     traced = tf.function(lambda: step()[0])
     return {{"eager": errors(step()[0], expected), "function": [errors(traced(), expected) for _ in range(2)]}}
 
+@check("session_error")
+def _():
+    """A bad collective fails on every rank with the core's message; the session goes on working."""
+    with tf.Graph().as_default():
+        bad = hvd.allreduce(tf.ones([r + 1]), name="bad")
+        x = tf.compat.v1.placeholder(tf.float32, [2])
+        good = hvd.allreduce(x, op=hvd.Sum, name="good")
+        with tf.compat.v1.Session() as session:
+            try:
+                session.run(bad)
+                error = "no error"
+            except tf.errors.OpError as exc:
+                error = exc.message
+            return ["mismatched ALLREDUCE tensor shapes" in error, session.run(good, {{x: [1.0, 2.0]}}).tolist()]
+
 for name, specs, shuffle in (("fixed", FIXED, False), ("mixed", MIXED, True)):
     check(f"session_{{name}}")(lambda: in_session(specs, THREADS, shuffle))
     check(f"traced_{{name}}")(lambda: traced_and_eager(specs))
@@ -129,4 +144,5 @@ def test_many_collectives_in_one_graph(np_, threads):
         for name in ("fixed", "mixed"):
             assert ok(got[f"session_{name}"]) == [[], []], (rank, name)
             assert ok(got[f"traced_{name}"]) == {"eager": [], "function": [[], []]}, (rank, name)
+        assert ok(got["session_error"]) == [True, [float(np_), 2.0 * np_]], rank
     run.check()
