@@ -43,4 +43,12 @@ if [[ ",$EXTRAS," == *",test,"* ]]; then
         "$VENV-mpich/bin/python" -m pip install -q --disable-pip-version-check mpich "mpi4py>=4" numpy -e . >&2
     fi
 fi
+if [[ ",$EXTRAS," == *",tensorflow,"* ]]; then
+    # Keras 2 (TF_USE_LEGACY_KERAS=1; tests/tensorflow/test_keras2.py): tf_keras of TensorFlow's own
+    # version, without its dependency on the full `tensorflow` wheel (tensorflow-cpu is that package).
+    if ! "$VENV/bin/python" -c "import importlib.util, sys; sys.exit(not importlib.util.find_spec('tf_keras'))"; then
+        TF_MINOR=$("$VENV/bin/python" -c "import importlib.metadata as m; print('.'.join(m.version('tensorflow-cpu').split('.')[:2]))")
+        "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps "tf_keras~=$TF_MINOR.0" >&2
+    fi
+fi
 echo "$VENV"

@@ -7,13 +7,14 @@ arrays and come back as numpy arrays, as Horovod's Keras functions return them.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Sequence
 
 import keras
 import numpy as np
 
 from horovod._keras.compression import Compression
-from horovod._keras.optimizer import DistributedOptimizer
+from horovod._keras.optimizer import DistributedOptimizer, keras2_optimizer_types, keras2_reducer
 from horovod.common import ops as core
 from horovod.common.compression import Compressor
 from horovod.common.gradients import resolve_op
@@ -79,10 +80,31 @@ def load_model(filepath: str, custom_optimizers: Sequence[type] | None = None, c
     objects = dict(custom_objects or {})
     objects.update({cls.__name__: cls for cls in custom_optimizers or []})
     objects.setdefault("DistributedOptimizer", DistributedOptimizer)
+    if _saved_by_keras2(filepath):
+        return _load_keras2_model(filepath, objects, compression)
     model = keras.models.load_model(filepath, custom_objects=objects)
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and not isinstance(optimizer, DistributedOptimizer):
         model.optimizer = DistributedOptimizer(optimizer, compression=compression)
+    return model
+
+
+def _saved_by_keras2(filepath: str) -> bool:
+    """Under TF_USE_LEGACY_KERAS=1 `tf.keras` is tf_keras: its models are Keras 2's, saved and loaded by it."""
+    tf = sys.modules.get("tensorflow")
+    return bool(keras2_optimizer_types()) and tf is not None and tf.keras.__name__.startswith("tf_keras")
+
+
+def _load_keras2_model(filepath: str, objects: dict, compression: type[Compressor]) -> Any:
+    """A tf_keras model whose restored optimizer (state and all) is made distributed in place."""
+    import tf_keras
+
+    from horovod._keras.keras2 import make_distributed
+
+    model = tf_keras.models.load_model(filepath, custom_objects=objects)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None:
+        make_distributed(optimizer, keras2_reducer(optimizer, compression=compression))
     return model
 
 

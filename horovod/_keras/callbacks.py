@@ -16,10 +16,30 @@ from horovod.common import ops as core
 
 def optimizer_variables(optimizer: Any) -> list[Any]:
     """The optimizer state every rank must share (a DistributedOptimizer's own aggregation
-    buffers hold this rank's gradients and stay local)."""
+    buffers hold this rank's gradients and stay local). Keras 2's legacy optimizers have a
+    `variables()` method."""
     if isinstance(optimizer, DistributedOptimizer):
         optimizer = optimizer.inner_optimizer
-    return list(optimizer.variables) if optimizer is not None else []
+    if optimizer is None:
+        return []
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
+class Keras2Hooks:
+    """What Keras 2's (tf_keras) CallbackList asks of a callback beyond Keras 3's interface, so the
+    same callbacks serve `model.fit` of both Keras versions."""
+
+    _supports_tf_logs = False
+
+    def _implements_train_batch_hooks(self) -> bool:
+        return True
+
+    def _implements_test_batch_hooks(self) -> bool:
+        return False
+
+    def _implements_predict_batch_hooks(self) -> bool:
+        return False
 
 
 def broadcast_keras_variables(variables: list[Any], root_rank: int, prefix: str) -> None:
@@ -31,7 +51,7 @@ def broadcast_keras_variables(variables: list[Any], root_rank: int, prefix: str)
         var.assign(handle.wait())
 
 
-class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+class BroadcastGlobalVariablesCallback(Keras2Hooks, keras.callbacks.Callback):
     """Make every rank start from the root's weights: broadcasts the model's and the optimizer's
     variables once, at the end of the first batch (when the optimizer's slots exist).
 
@@ -54,7 +74,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.broadcast_done = True
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
+class MetricAverageCallback(Keras2Hooks, keras.callbacks.Callback):
     """At the end of every epoch, replace each metric in `logs` by its average over all ranks
     (in sorted name order), so callbacks placed after it see global values."""
 
@@ -76,7 +96,7 @@ def _get_lr(optimizer: Any) -> float:
     return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
 
-class LearningRateScheduleCallback(keras.callbacks.Callback):
+class LearningRateScheduleCallback(Keras2Hooks, keras.callbacks.Callback):
     """lr = initial_lr * multiplier(epoch) for start_epoch <= epoch < end_epoch.
 
     `multiplier` is a function of the epoch, or a constant m meaning m ** (epoch - start_epoch).
@@ -168,7 +188,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
             print(f"\nEpoch {epoch + 1}: learning rate warmup complete, lr = {_get_lr(self.model.optimizer):g}.")
 
 
-class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
+class BestModelCheckpoint(Keras2Hooks, keras.callbacks.ModelCheckpoint):
     """ModelCheckpoint that keeps only the best model (`save_best_only=True`). `filepath` may be
     set later (Horovod's Spark estimator does); it must be set before training starts."""
 

@@ -20,7 +20,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from horovod._keras.callbacks import broadcast_keras_variables, optimizer_variables
+from horovod._keras.callbacks import Keras2Hooks, broadcast_keras_variables, optimizer_variables
 from horovod.common import basics
 from horovod.common import ops as core
 from horovod.common.elastic import ObjectState, run
@@ -65,7 +65,7 @@ class KerasState(ObjectState):
         super().sync()
 
 
-class CommitStateCallback(keras.callbacks.Callback):
+class CommitStateCallback(Keras2Hooks, keras.callbacks.Callback):
     """Commit the state every `batches_per_commit` batches and at the end of every epoch."""
 
     def __init__(self, state: KerasState, batches_per_commit: int = 1) -> None:
@@ -84,7 +84,7 @@ class CommitStateCallback(keras.callbacks.Callback):
         self.state.commit()
 
 
-class UpdateBatchStateCallback(keras.callbacks.Callback):
+class UpdateBatchStateCallback(Keras2Hooks, keras.callbacks.Callback):
     """Keep `state.batch` = batches done in the current pass over the epoch. Keras 3 `fit` runs an
     epoch interrupted by a reset again from its first batch (it reads no shortened step count)."""
 
@@ -99,7 +99,7 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
         self.state.batch = 0
 
 
-class UpdateEpochStateCallback(keras.callbacks.Callback):
+class UpdateEpochStateCallback(Keras2Hooks, keras.callbacks.Callback):
     """Keep `state.epoch` = the next epoch to run (pass it to `fit(initial_epoch=...)`)."""
 
     def __init__(self, state: KerasState) -> None:

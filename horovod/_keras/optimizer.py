@@ -14,6 +14,7 @@ the whole integration.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Sequence
 
 import keras
@@ -25,6 +26,19 @@ from horovod.common.compression import Compressor
 from horovod.common.gradients import GradientReducer
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import OP_NAMES, Average
+
+
+def keras2_optimizer_types() -> tuple[type, ...]:
+    """The base classes of Keras 2 optimizers loaded in this process (none without tf_keras)."""
+    tf_keras = sys.modules.get("tf_keras")
+    if tf_keras is None:
+        return ()
+    return tf_keras.optimizers.Optimizer, tf_keras.optimizers.legacy.Optimizer
+
+
+def is_keras2_optimizer(optimizer: Any) -> bool:
+    types = keras2_optimizer_types()
+    return bool(types) and isinstance(optimizer, types)
 
 
 class VariableList(list):
@@ -47,6 +61,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     change no weights. `device_dense`/`device_sparse` are accepted for compatibility.
     """
 
+    def __new__(cls, optimizer: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # A Keras 2 (tf_keras) optimizer gets Keras 2's kind of distributed optimizer instead.
+        if is_keras2_optimizer(optimizer):
+            return keras2_distributed(optimizer, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, optimizer: keras.optimizers.Optimizer, name: str | None = None, device_dense: str = "",
                  device_sparse: str = "", compression: type[Compressor] = Compression.none,
                  sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0, op: int = Average,
@@ -57,7 +77,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if isinstance(optimizer, DistributedOptimizer):
             raise ValueError("the optimizer is already a DistributedOptimizer")
         if not isinstance(optimizer, keras.optimizers.Optimizer):
-            raise ValueError(f"DistributedOptimizer wraps a Keras 3 optimizer, got {type(optimizer).__name__}")
+            raise ValueError(f"DistributedOptimizer wraps a Keras 3 optimizer, or a Keras 2 one from tf_keras, got "
+                             f"{type(optimizer).__module__}.{type(optimizer).__name__}")
         if backward_passes_per_step < 1:
             raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
         name = name or f"Distributed{type(optimizer).__name__}"
@@ -206,3 +227,27 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if config.get("op") not in OP_NAMES:
             config.pop("op", None)
         return cls(inner, **config)
+
+
+def keras2_reducer(optimizer: Any, name: str | None = None, compression: type[Compressor] = Compression.none,
+                   gradient_predivide_factor: float = 1.0, op: int = Average, num_groups: int = 0, groups: Any = None,
+                   process_set: ProcessSet = global_process_set, scale_local_gradients: bool = True) -> GradientReducer:
+    """How a Keras 2 optimizer's gradients are reduced."""
+    return GradientReducer(name or f"Distributed{type(optimizer).__name__}", op, gradient_predivide_factor,
+                           num_groups, groups, process_set, compression, scale_local_gradients)
+
+
+def keras2_distributed(optimizer: Any, name: str | None = None, device_dense: str = "", device_sparse: str = "",
+                       compression: type[Compressor] = Compression.none, sparse_as_dense: bool = False,
+                       gradient_predivide_factor: float = 1.0, op: int = Average, backward_passes_per_step: int = 1,
+                       average_aggregated_gradients: bool = False, num_groups: int = 0, groups: Any = None,
+                       process_set: ProcessSet = global_process_set, scale_local_gradients: bool = True) -> Any:
+    """DistributedOptimizer's options for a Keras 2 optimizer (`horovod._keras.keras2`)."""
+    from horovod._keras import keras2  # TensorFlow's, imported only when tf_keras is in use
+
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    reducer = keras2_reducer(optimizer, name, compression, gradient_predivide_factor, op, num_groups, groups,
+                             process_set, scale_local_gradients)
+    return keras2.wrap(optimizer, reducer, sparse_as_dense, int(backward_passes_per_step),
+                       average_aggregated_gradients)

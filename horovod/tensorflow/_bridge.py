@@ -8,6 +8,9 @@ How one collective runs:
   whose outputs carry the static shapes we know. `tf.function` runs stateful nodes (a
   py_function is one) in program order, so every rank reaches its collectives in the same
   order, however many threads the executor has.
+* TF1 graph (`tf.compat.v1.Session`): no such order, so a collective is a submit node that never
+  blocks and a wait node that holds no inter-op thread (`_session_node`): no order of the
+  session's threads on any rank can deadlock.
 * Collectives that belong together (all gradients of a step) are `Job`s of one node: all are
   submitted before any is waited on, so the engine negotiates them in one round and fuses them.
 
@@ -22,16 +25,19 @@ Every rank traces the same program, so the names agree.
 from __future__ import annotations
 
 import re
+from functools import partial
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework.func_graph import FuncGraph
 from tensorflow.python.ops import control_flow_util
 
 from horovod.common import basics
 from horovod.common.collective_rules import CORE_CALLS, KEEPS_SHAPE
 from horovod.common.process_sets import ProcessSet
 from horovod.common.reduce_ops import DTYPE_NAMES, Adasum, Average
+from horovod.tensorflow._session_node import session_node
 
 # Public entry points are not rewritten by AutoGraph when called from a tf.function: they are
 # plain Python that builds the graph as it is.
@@ -54,14 +60,18 @@ class Job:
         self.inputs, self.dtypes, self.shapes, self.start = list(inputs), list(dtypes), list(shapes), start
 
 
-def _host_run(jobs: Sequence[Job], tensors: Sequence[tf.Tensor]) -> list[np.ndarray]:
-    """Submit every job, then wait for every job (eager tensors in, numpy arrays out)."""
-    arrays = [np.asarray(t.numpy()) for t in tensors]
+def _submit(jobs: Sequence[Job], arrays: list[np.ndarray]) -> Callable[[], list[np.ndarray]]:
+    """Submit every job now; the returned function waits for all of them (their outputs, flat)."""
     waits, at = [], 0
     for job in jobs:
         waits.append(job.start(arrays[at:at + len(job.inputs)]))
         at += len(job.inputs)
-    return [out for wait in waits for out in wait()]
+    return lambda: [out for wait in waits for out in wait()]
+
+
+def _host_run(jobs: Sequence[Job], tensors: Sequence[tf.Tensor]) -> list[np.ndarray]:
+    """Submit every job, then wait for every job (eager tensors in, numpy arrays out)."""
+    return _submit(jobs, [np.asarray(t.numpy()) for t in tensors])()
 
 
 def run(jobs: Sequence[Job], label: str = "HorovodCollective") -> list[list[tf.Tensor]]:
@@ -72,7 +82,10 @@ def run(jobs: Sequence[Job], label: str = "HorovodCollective") -> list[list[tf.T
         outputs = [tf.convert_to_tensor(r, dtype=d) for r, d in zip(_host_run(jobs, flat), dtypes)]
     else:
         _refuse_xla(label)
-        outputs = tf.py_function(lambda *tensors: _host_run(jobs, tensors), flat, Tout=dtypes, name=label)
+        if isinstance(tf.compat.v1.get_default_graph(), FuncGraph):
+            outputs = tf.py_function(lambda *tensors: _host_run(jobs, tensors), flat, Tout=dtypes, name=label)
+        else:
+            outputs = session_node(flat, dtypes, partial(_submit, jobs), label)
         for out, shape in zip(outputs, (s for job in jobs for s in job.shapes)):
             out.set_shape(shape)
     grouped, at = [], 0

@@ -76,7 +76,10 @@ class _TfGradients:
         return tensor * tf.cast(factor, tensor.dtype)
 
     def zeros_like(self, tensor: tf.Tensor) -> tf.Tensor:
-        return tf.zeros_like(tensor)
+        # Zeros that still depend on `tensor`: a constant (what zeros_like of a known shape is) would
+        # let a TF1 session prune the collective that made `tensor` on this rank only.
+        with tf.control_dependencies([tensor]):
+            return tf.zeros_like(tensor)
 
 
 # -- the collectives -----------------------------------------------------------------------------------

@@ -113,12 +113,14 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
                          scale_local_gradients: bool = True) -> Any:
     """Wrap an optimizer so that it applies gradients reduced across all ranks.
 
-    A Keras 3 optimizer (`keras.optimizers.*`, which `tf.keras.optimizers` is on TF 2.16+) gets
-    `horovod.tensorflow.keras.DistributedOptimizer`; a `tf.compat.v1.train.Optimizer` gets a
+    A Keras 3 optimizer (`keras.optimizers.*`, which `tf.keras.optimizers` is on TF 2.16+) or a
+    Keras 2 one (tf_keras) gets `horovod.tensorflow.keras.DistributedOptimizer`; a `tf.compat.v1.train.Optimizer` gets a
     wrapper whose `compute_gradients` reduces (and aggregates `backward_passes_per_step` passes)."""
     import keras
 
-    if isinstance(optimizer, keras.optimizers.Optimizer):
+    from horovod._keras.optimizer import is_keras2_optimizer
+
+    if isinstance(optimizer, keras.optimizers.Optimizer) or is_keras2_optimizer(optimizer):
         from horovod._keras.optimizer import DistributedOptimizer as KerasDistributedOptimizer
 
         return KerasDistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
@@ -133,5 +135,5 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
                                   scale_local_gradients)
         return _LegacyDistributedOptimizer(optimizer, reducer, name, use_locking, sparse_as_dense,
                                            int(backward_passes_per_step), average_aggregated_gradients)
-    raise ValueError(f"DistributedOptimizer wraps a Keras 3 optimizer or a tf.compat.v1.train.Optimizer, "
+    raise ValueError(f"DistributedOptimizer wraps a Keras optimizer or a tf.compat.v1.train.Optimizer, "
                      f"got {type(optimizer).__name__}")

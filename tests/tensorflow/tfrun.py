@@ -108,9 +108,10 @@ def fit_identity(hvd, norm=None, ref_norm=None, optimizer=lambda: keras.optimize
 '''
 
 
-def run_tf(code: str, backend: str = "tensorflow", timeout: float = 240.0, np: int = 2) -> RunResult:
-    """Run `code` (after the prelude) on `np` ranks with the given Keras backend."""
-    env = dict(ENV, KERAS_BACKEND=backend)
+def run_tf(code: str, backend: str = "tensorflow", timeout: float = 240.0, np: int = 2,
+           env: dict[str, str] | None = None) -> RunResult:
+    """Run `code` (after the prelude) on `np` ranks with the given Keras backend (and `env`)."""
+    env = dict(ENV, KERAS_BACKEND=backend, **(env or {}))
     return hvdrun(PRELUDE + textwrap.dedent(code) + "\ndone()\n", np=np, env=env, timeout=timeout)
 
 
