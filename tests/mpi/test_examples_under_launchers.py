@@ -19,4 +19,4 @@ LAUNCHERS = {
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_example_runs_unchanged(launcher, example):
-    run_example(LAUNCHERS[launcher], example)
+    run_example([*LAUNCHERS[launcher], "-np", "2"], example)

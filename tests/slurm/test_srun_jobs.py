@@ -31,7 +31,7 @@ def test_srun_without_pmix_says_how_to_fix_it(slurm, tmp_path):
 
 @pytest.mark.parametrize("example", ["pytorch", "tensorflow"])
 def test_the_examples_run_unchanged_under_srun(slurm, example):
-    run_example(["srun"], example, env=slurm, timeout=300)
+    run_example(["srun", "-n", "2"], example, env=slurm, timeout=300)
 
 
 def test_horovodrun_inside_an_allocation_uses_its_hosts(slurm):

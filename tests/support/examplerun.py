@@ -1,4 +1,4 @@
-"""Run one of the Horovod-style example scripts on 2 ranks through a launcher command, shortened,
+"""Run one of the Horovod-style example scripts through a launcher command (2 ranks in the tests), shortened,
 and read rank 0's final test accuracy: the same check under horovodrun, mpirun and srun."""
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ EXAMPLES = {
 
 
 def run_example(head: list[str], example: str, env: dict[str, str] | None = None, timeout: float = 240) -> None:
-    """Run `example` on 2 ranks through the launcher command `head`; asserts it exits cleanly, that
-    only rank 0 reports, and that the model learnt."""
+    """Run `example` through the launcher command `head` (with its rank count); asserts it exits
+    cleanly, that only rank 0 reports, and that the model learnt."""
     pytest.importorskip("torch" if example == "pytorch" else "tensorflow")
     pytest.importorskip("sklearn")
     script, args, final, lowest = EXAMPLES[example]
-    result = run_command([*head, "-np", "2", sys.executable, str(REPO / script), *args],
+    result = run_command([*head, sys.executable, str(REPO / script), *args],
                          env={**TF_ENV, **(env or {})}, timeout=timeout, cwd=str(REPO))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     found = re.findall(final, result.stdout)
