@@ -52,6 +52,7 @@ def launcher_slot(env: Mapping[str, str]) -> LauncherSlot | None:
 
 
 def _number(env: Mapping[str, str], name: str, default: int = 0) -> int:
+    """An integer variable of the launcher; ValueError naming it when it is not one."""
     raw = env.get(name, "").strip()
     if not raw:
         return default
@@ -63,6 +64,7 @@ def _number(env: Mapping[str, str], name: str, default: int = 0) -> int:
 
 def _even_hosts(launcher: str, env: Mapping[str, str], rank: str, size: str, local_rank: str,
                 local_size: str) -> LauncherSlot:
+    """The slot from rank, size and local variables, hosts holding `local_size` ranks each in order."""
     n, r = _number(env, size, 1), _number(env, rank)
     local_n = _number(env, local_size, n)
     hosts = -(-n // local_n)
@@ -73,6 +75,7 @@ def _even_hosts(launcher: str, env: Mapping[str, str], rank: str, size: str, loc
 
 
 def _slurm(env: Mapping[str, str]) -> LauncherSlot:
+    """The slot of a task of an srun job step: its node index and every node's task count are known."""
     counts = expand_tasks_per_node(env["SLURM_STEP_TASKS_PER_NODE"])
     node = _number(env, "SLURM_NODEID")
     lr = _number(env, "SLURM_LOCALID")
