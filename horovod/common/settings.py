@@ -10,6 +10,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from horovod.common.launcher_env import LauncherSlot, launcher_slot
+
 DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
 # khorovod extension: how long a peer that went away without closing its connections (host down,
 # network cut) may go unnoticed. Five seconds: far above a healthy round trip, even on a loaded
@@ -153,6 +155,9 @@ class Settings:
     autotune: AutotuneSettings = field(default_factory=AutotuneSettings)
     # Tasks of the Slurm job step this process belongs to (SLURM_NTASKS; 0 outside srun).
     slurm_tasks: int = 0
+    # The slot mpirun's or srun's own variables give (`launcher_env`): the mpi bootstrap's answer
+    # where mpi4py is not installed.
+    launcher_slot: LauncherSlot | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -205,4 +210,5 @@ class Settings:
             iface=env.get("HOROVOD_GLOO_IFACE") or None,
             autotune=AutotuneSettings.from_env(env),
             slurm_tasks=_int(env, "SLURM_NTASKS", 0) if env.get("SLURM_STEP_ID") else 0,
+            launcher_slot=launcher_slot(env),
         )

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
+from horovod.common.launcher_env import expand_tasks_per_node
 from horovod.common.settings import Topology
 
 _HOST_ENTRY = re.compile(r"^[\w.-]+:[0-9]+$")
@@ -155,17 +156,6 @@ def expand_nodelist(nodelist: str) -> list[str]:
             width = len(low)
             names += [f"{prefix}{n:0{width}d}" for n in range(int(low), int(high or low) + 1)]
     return names
-
-
-def expand_tasks_per_node(spec: str) -> list[int]:
-    """Slurm's tasks per node (`2(x3),1`) as one count per node (`[2, 2, 2, 1]`)."""
-    counts: list[int] = []
-    for part in spec.split(","):
-        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if not match:
-            raise ValueError(f"SLURM_TASKS_PER_NODE={spec!r} is not Slurm's format")
-        counts += [int(match[1])] * int(match[2] or 1)
-    return counts
 
 
 def slurm_allocation(env: Mapping[str, str]) -> list[HostInfo] | None:

@@ -1,5 +1,6 @@
 """`horovodrun --mpi`: the mpirun command line per MPI flavour, and real jobs through it."""
 
+import os
 import re
 import sys
 import time
@@ -84,18 +85,10 @@ def test_horovodrun_mpi_fails_when_a_rank_fails():
             or "allreduce.w: rank 1 has shut down" in text), text
 
 
-@needs_mpirun
-@pytest.mark.parametrize("launcher", ["mpirun", "horovodrun --mpi"])
-def test_the_pytorch_example_runs_unchanged(launcher):
-    pytest.importorskip("torch")
-    pytest.importorskip("sklearn")
-    from mpirunner import mpirun_flags
-
-    head = ([str(MPIRUN), *mpirun_flags()] if launcher == "mpirun"
-            else [sys.executable, "-m", "horovod.runner.launch", "--mpi"])
-    result = run_command([*head, "-np", "2", sys.executable, str(REPO / "examples/pytorch/pytorch_digits.py"),
-                          "--epochs", "3"], timeout=120, cwd=str(REPO))
-    assert result.returncode == 0, result.stdout + result.stderr
-    accuracy = float(re.search(r"final test accuracy: ([\d.]+)%", result.stdout).group(1))
-    assert accuracy > 80.0
-    assert result.stdout.count("final test accuracy") == 1  # only rank 0 prints
+def test_more_ranks_than_cores_makes_open_mpi_yield():
+    # --host names the slots, so Open MPI would not see the oversubscription and would spin.
+    many = MpiJob(num_proc=(os.cpu_count() or 1) + 1, hosts=(HostInfo("localhost", 64),), command=("p",), env_names=())
+    argv = build_command("mpirun", OPEN_MPI, many, as_root=False)
+    assert "--oversubscribe" in argv and argv[argv.index("mpi_yield_when_idle") + 1] == "1"
+    one = MpiJob(num_proc=1, hosts=(HostInfo("localhost", 1),), command=("p",), env_names=())
+    assert "mpi_yield_when_idle" not in build_command("mpirun", OPEN_MPI, one, as_root=False)

@@ -167,3 +167,33 @@ def test_an_mpi_without_thread_support_is_refused_saying_why():
     assert len(result.ranks) == 2
     for got in result.ranks.values():
         assert "gives only MPI_THREAD_SINGLE" in got["error"] and "MPI_THREAD_MULTIPLE" in got["error"]
+
+
+WITHOUT_MPI4PY = """
+    import sys
+    sys.modules["mpi4py"] = None  # as where mpi4py is not installed: importing it fails
+    import numpy as np
+    import horovod.numpy as hvd
+    try:
+        hvd.init()
+    except ImportError as exc:
+        report(error=str(exc))
+    else:
+        report(slot=[hvd.rank(), hvd.size(), hvd.local_rank(), hvd.mpi_built()],
+               total=hvd.allreduce(np.ones(2), op=hvd.Sum))
+"""
+
+
+def test_without_mpi4py_a_job_of_one_runs_from_the_launchers_variables():
+    result = mpirun(WITHOUT_MPI4PY, np=1).check()
+    assert result.ranks[0] == {"rank": 0, "slot": [0, 1, 0, False], "total": [1.0, 1.0]}
+
+
+def test_without_mpi4py_every_rank_says_what_to_install_instead_of_hanging():
+    start = time.monotonic()
+    result = mpirun(WITHOUT_MPI4PY, np=3, timeout=60).check()
+    assert time.monotonic() - start < 30
+    assert sorted(result.ranks) == [0, 1, 2]
+    for r, got in result.ranks.items():  # rank and size came from Open MPI's variables
+        assert got["error"].startswith(f"rank {r} of 3: mpirun (Open MPI) started this job"), got
+        assert "mpi4py is not installed" in got["error"] and "pip install 'khorovod[mpi]'" in got["error"]

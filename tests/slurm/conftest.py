@@ -54,6 +54,10 @@ def slurm() -> dict[str, str]:
     host = socket.gethostname()
     conf = tmp / "slurm.conf"
     conf.write_text(_conf(tmp, host))
+    # srun's PMIx plugin keeps each step's files in its own directory, not in /tmp, where a step
+    # numbered like one of an earlier cluster's would find its directory taken and fail to launch.
+    (tmp / "pmix").mkdir()
+    (tmp / "mpi.conf").write_text(f"PMIxCliTmpDirBase={tmp}/pmix\n")
     key = tmp / "munge" / "munge.key"
     key.write_bytes(os.urandom(1024))
     key.chmod(0o400)

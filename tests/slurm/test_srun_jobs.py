@@ -3,7 +3,10 @@
 import re
 import sys
 
-from mpirunner import REPO, run_command
+import pytest
+
+from examplerun import run_example
+from mpirunner import run_command
 
 
 def test_srun_job_gets_its_slot_from_slurm_and_runs_collectives(slurm, tmp_path):
@@ -26,15 +29,9 @@ def test_srun_without_pmix_says_how_to_fix_it(slurm, tmp_path):
     assert "run srun with --mpi=pmix" in result.stderr
 
 
-def test_the_pytorch_example_runs_unchanged_under_srun(slurm):
-    import pytest
-
-    pytest.importorskip("torch")
-    pytest.importorskip("sklearn")
-    result = run_command(["srun", "-n", "2", sys.executable, str(REPO / "examples/pytorch/pytorch_digits.py"),
-                          "--epochs", "2"], env=slurm, timeout=180, cwd=str(REPO))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("final test accuracy") == 1
+@pytest.mark.parametrize("example", ["pytorch", "tensorflow"])
+def test_the_examples_run_unchanged_under_srun(slurm, example):
+    run_example(["srun", "-n", "2"], example, env=slurm, timeout=300)
 
 
 def test_horovodrun_inside_an_allocation_uses_its_hosts(slurm):

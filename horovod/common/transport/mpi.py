@@ -109,6 +109,12 @@ class MpiTransport(Transport):
                 f"HOROVOD_CPU_OPERATIONS=mpi needs a job that MPI started (mpirun, or horovodrun --mpi): "
                 f"this is rank {context.rank} of {context.size}, started by the "
                 f"{context.settings.bootstrap!r} bootstrap, not by MPI")
+        slot = context.settings.launcher_slot
+        if not mpi_library.available() and slot is not None:
+            raise ImportError(
+                f"rank {context.rank} of {context.size}: {slot.launcher} started this job, whose ranks meet "
+                f"through MPI, but mpi4py is not installed here; {mpi_library.INSTALL_HINT}, or start the "
+                "job with horovodrun")
         MPI = mpi_library.load()
         mpi_library.require_threads()
         job = context.communicator if context.communicator is not None else MPI.COMM_WORLD

@@ -46,4 +46,9 @@ def create(name: str, context: TransportContext) -> Transport:
             f"HOROVOD_CPU_OPERATIONS={name!r} is not an available transport; "
             f"choose one of: auto, {', '.join(names())}"
         )
+    if context.rendezvous is None and context.size > 1 and key != "mpi":
+        raise ValueError(
+            f"HOROVOD_CPU_OPERATIONS={name!r}: rank {context.rank} of {context.size} has no rendezvous store to "
+            f"meet its peers through (mpirun or srun started the job, not horovodrun); such a job moves data "
+            "through MPI: leave HOROVOD_CPU_OPERATIONS unset or set it to mpi")
     return load(_FACTORIES[key])(context)
