@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import traceback
+from types import TracebackType
 from typing import Any, Callable, Protocol
 
 from horovod.common import basics
@@ -25,6 +26,7 @@ class Reporter(Protocol):
     def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None: ...
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _reporter: Reporter | None = None
 _slot_rank = 0
 
@@ -78,11 +80,18 @@ def run_reporting(rank: int | None, fn: Callable[[], Any], reporter: Reporter | 
             rank = basics.rank()
             departed = tuple(sorted(basics.runtime().engine.departed_peers()))
             basics.abort(exc)
-        text = "".join(traceback.format_exception(exc))
+        text = "".join(traceback.format_exception(type(exc), exc, _user_frames(exc.__traceback__)))
         raise WorkerError(f"rank {rank} on node {node_name()} failed:\n{text}", rank, node_name(),
                           departed) from None
     finally:
         _reporter = None
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback from the user's function on: our own calling frames say nothing."""
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        tb = tb.tb_next
+    return tb
 
 
 class BaseHorovodWorker:
