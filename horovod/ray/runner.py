@@ -12,6 +12,7 @@ call naming the rank, its node and its traceback (`results.collect`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 import ray
@@ -40,8 +41,7 @@ class RaySettings:
 
     def worker_env(self) -> dict[str, str]:
         """The `HOROVOD_*` variables these settings give every worker (as horovodrun's flags would)."""
-        args = type("Args", (), {"start_timeout": self.timeout_s, "nics": list(self.nics or ())})()
-        return horovod_env(args)
+        return horovod_env(SimpleNamespace(start_timeout=self.timeout_s, nics=list(self.nics or ())))
 
 
 def ray_address() -> str:
