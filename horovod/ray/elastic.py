@@ -11,13 +11,12 @@ as in any elastic Horovod job. `run(worker_fn)` is `horovod.run` of an elastic f
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import ray
 
 from horovod.ray.results import Reporting
-from horovod.ray.runner import RaySettings, ray_address
+from horovod.ray.settings import ElasticRaySettings, ray_address
 from horovod.ray.worker import run_reporting
 from horovod.runner import run_function
 from horovod.runner.elastic import ElasticDriver, ElasticSpec
@@ -44,18 +43,6 @@ class RayHostDiscovery:
             if slots > 0:
                 hosts.append(HostInfo(node["NodeID"], slots))
         return hosts
-
-
-@dataclass(frozen=True)
-class ElasticRaySettings(RaySettings):
-    """`ElasticRayExecutor.create_settings(...)`: the elastic limits, besides `RaySettings`."""
-
-    min_num_proc: int = 1
-    max_num_proc: int | None = None
-    reset_limit: int | None = None
-    elastic_timeout: float = 600
-    cooldown_range: tuple[int, int] | None = None
-    verbose: bool = False
 
 
 class ElasticRayExecutor:

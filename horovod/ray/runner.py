@@ -11,8 +11,6 @@ call naming the rank, its node and its traceback (`results.collect`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
 import ray
@@ -22,41 +20,20 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from horovod.common import wire
 from horovod.common.rendezvous import RendezvousServer
 from horovod.ray import results
+from horovod.ray.elastic import ElasticRayExecutor
 from horovod.ray.placement import Layout, slots_by_node
+from horovod.ray.settings import ElasticRaySettings, RaySettings, ray_address
 from horovod.ray.worker import BaseHorovodWorker
-from horovod.runner.env_builder import horovod_env
 from horovod.runner.job import worker_env
 from horovod.runner.launchers import SECRET_KEY_ENV
-
-
-@dataclass(frozen=True)
-class RaySettings:
-    """`RayExecutor.create_settings(...)`: how long to wait, and which network interfaces to use."""
-
-    timeout_s: float = 30  # HOROVOD_START_TIMEOUT of the workers: every rank must init() within it
-    ssh_identity_file: str | None = None  # accepted for Horovod's signature; Ray needs no ssh
-    ssh_str: str | None = None
-    placement_group_timeout_s: float = 100  # how long the cluster may take to place every worker
-    nics: tuple[str, ...] | None = None  # HOROVOD_GLOO_IFACE (the first), as --network-interfaces
-
-    def worker_env(self) -> dict[str, str]:
-        """The `HOROVOD_*` variables these settings give every worker (as horovodrun's flags would)."""
-        return horovod_env(SimpleNamespace(start_timeout=self.timeout_s, nics=list(self.nics or ())))
-
-
-def ray_address() -> str:
-    """The address this driver's node has in the cluster: where the workers reach the store."""
-    if not ray.is_initialized():
-        ray.init()
-    return ray.util.get_node_ip_address()
 
 
 class RayExecutor:
     """Runs Horovod workers as Ray actors; see docs/ray.md.
 
     Give `num_workers` (packed onto as few nodes as fit), or `num_hosts` with `num_workers_per_host`
-    (each host's workers on a node of their own). `min_workers`/`max_workers` make the job
-    elastic: use `ElasticRayExecutor`.
+    (each host's workers on a node of their own). `min_workers`/`max_workers` make the job elastic
+    (an `ElasticRayExecutor` with these limits: `run` only).
     """
 
     def __init__(self, settings: RaySettings, num_workers: int | None = None, num_hosts: int | None = None,
@@ -65,10 +42,16 @@ class RayExecutor:
                  min_workers: int | None = None, max_workers: int | None = None, reset_limit: int | None = None,
                  cooldown_range: tuple[int, int] | None = None, elastic_timeout: int = 600,
                  override_discovery: bool = True) -> None:
-        if min_workers is not None or max_workers is not None:
-            raise NotImplementedError("RayExecutor(min_workers=, max_workers=) is not available here: use "
-                                      "horovod.ray.ElasticRayExecutor for an elastic job on Ray")
         self.settings = settings
+        # min_workers/max_workers: Horovod's elastic RayExecutor, which is an ElasticRayExecutor.
+        self._elastic: ElasticRayExecutor | None = None
+        if min_workers is not None or max_workers is not None:
+            elastic = ElasticRaySettings(timeout_s=settings.timeout_s, nics=settings.nics,
+                                         min_num_proc=min_workers or 1, max_num_proc=max_workers,
+                                         reset_limit=reset_limit, elastic_timeout=elastic_timeout,
+                                         cooldown_range=cooldown_range)
+            self._elastic = ElasticRayExecutor(elastic, use_gpu, cpus_per_worker, gpus_per_worker)
+            num_workers = num_workers or elastic.min_num_proc  # unused: only to check the other arguments
         self.layout = Layout.of(num_workers, num_hosts, num_workers_per_host, cpus_per_worker, use_gpu,
                                 gpus_per_worker)
         self.use_current_placement_group = use_current_placement_group
@@ -91,6 +74,12 @@ class RayExecutor:
               executable_kwargs: dict[str, Any] | None = None,
               extra_env_vars: dict[str, str] | None = None) -> None:
         """Place the workers, start the store and the actors, and build `executable_cls` on each."""
+        if self._elastic is not None:
+            if executable_cls is not None or extra_env_vars:
+                raise ValueError("an elastic RayExecutor (min_workers/max_workers) runs functions only: "
+                                 "no executable_cls, and environment variables go to ElasticRayExecutor(env_vars=)")
+            self._elastic.start()
+            return
         if self.workers:
             raise RuntimeError("this RayExecutor is already started; call shutdown() first")
         address = ray_address()
@@ -157,6 +146,9 @@ class RayExecutor:
 
     # -- calls ---------------------------------------------------------------------------------
     def _started(self) -> list[Any]:
+        if self._elastic is not None:
+            raise NotImplementedError("an elastic RayExecutor (min_workers/max_workers) only has run(); its "
+                                      "workers come and go, so there are no actors to execute on")
         if not self.workers:
             raise RuntimeError("the RayExecutor is not started: call start() first")
         return self.workers
@@ -170,7 +162,12 @@ class RayExecutor:
     def run(self, fn: Callable[..., Any], args: list[Any] | None = None, kwargs: dict[str, Any] | None = None,
             callbacks: list[Callable[[Any], None]] | None = None) -> list[Any]:
         """`fn(*args, **kwargs)` on every worker; the results by rank. `callbacks` get every value
-        rank 0 passes to `horovod.ray.report` while `fn` runs."""
+        rank 0 passes to `horovod.ray.report` while `fn` runs. Elastic (min_workers/max_workers):
+        `fn` is an elastic function, and the results are those of the final round's first
+        `min_workers` ranks."""
+        if self._elastic is not None:
+            bound = _bind(fn, args, kwargs)
+            return self._elastic.run(lambda: bound(None), callbacks)
         return self.execute(_bind(fn, args, kwargs), callbacks)
 
     def execute(self, fn: Callable[[Any], Any], callbacks: list[Callable[[Any], None]] | None = None) -> list[Any]:

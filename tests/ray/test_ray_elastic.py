@@ -15,7 +15,7 @@ ray = pytest.importorskip("ray", reason="the Ray tests need the [ray] extra")
 import horovod.numpy as hvd  # noqa: E402
 import horovod.ray  # noqa: E402
 from horovod.common import elastic  # noqa: E402
-from horovod.ray import ElasticRayExecutor  # noqa: E402
+from horovod.ray import ElasticRayExecutor, RayExecutor  # noqa: E402
 
 CPUS = 2  # per node (conftest); one slot per node below
 
@@ -83,3 +83,26 @@ def test_a_node_joins_then_leaves(ray_cluster):
     assert grew_and_shrank(sizes), sizes
     assert sizes[0] == 2 and max(sizes) == 3
     assert [epoch for epoch, _ in seen][-1] == len(sizes)  # rank 0 reported every committed epoch last
+
+
+def sizes_and_ranks(scale: int) -> tuple[int, int, int]:
+    hvd.init()
+    state = elastic.ObjectState(hvd.broadcast_object, hvd.rank, step=0)
+
+    @elastic.run
+    def once(state: elastic.ObjectState) -> tuple[int, int, int]:
+        return hvd.rank(), hvd.size(), int(hvd.allreduce(np.array([scale]), op=hvd.Sum)[0])
+
+    return once(state)
+
+
+@pytest.mark.timeout(120)
+def test_ray_executor_with_min_and_max_workers_is_elastic(ray_cluster):
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=60), min_workers=2, max_workers=2,
+                           cpus_per_worker=CPUS)
+    with pytest.raises(ValueError, match="runs functions only"):
+        executor.start(executable_cls=dict)
+    executor.start()
+    assert executor.run(sizes_and_ranks, args=[5]) == [(0, 2, 10), (1, 2, 10)]
+    with pytest.raises(NotImplementedError, match="only has run"):
+        executor.execute(lambda w: w)

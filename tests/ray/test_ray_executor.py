@@ -114,8 +114,6 @@ def test_bad_arguments_and_a_cluster_too_small(ray_cluster):
         RayExecutor(settings, num_workers=0)
     with pytest.raises(ValueError, match="use_gpu"):
         RayExecutor(settings, num_workers=1, gpus_per_worker=1)
-    with pytest.raises(NotImplementedError, match="ElasticRayExecutor"):
-        RayExecutor(settings, num_workers=1, min_workers=1, max_workers=2)
     too_big = RayExecutor(RayExecutor.create_settings(placement_group_timeout_s=3), num_workers=5)
     with pytest.raises(TimeoutError, match="could not place 5 workers with 1 CPU each within 3 s"):
         too_big.start()
