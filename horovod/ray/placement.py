@@ -14,17 +14,18 @@ from typing import Sequence
 from horovod.runner.hosts import HostInfo, SlotInfo, get_host_assignments
 
 
-def slots_by_node(node_ids: Sequence[str]) -> list[SlotInfo]:
-    """The slot of each worker, given the node each one was placed on (in worker order): ranks
-    node by node, in the order the nodes first appear."""
+def slots_by_node(node_ids: Sequence[str]) -> list[tuple[SlotInfo, int]]:
+    """Given the node of each placed worker (in placement order), the workers by rank: each one's
+    slot and its index in `node_ids`. Ranks go node by node, in the order the nodes first appear,
+    so the ranks of one node are consecutive even when its bundles are not."""
     counts: dict[str, int] = {}
     for node in node_ids:
         counts[node] = counts.get(node, 0) + 1
     slots = get_host_assignments([HostInfo(node, count) for node, count in counts.items()], len(node_ids))
-    by_node: dict[str, list[SlotInfo]] = {}
-    for slot in slots:
-        by_node.setdefault(slot.hostname, []).append(slot)
-    return [by_node[node].pop(0) for node in node_ids]
+    unplaced: dict[str, list[int]] = {}
+    for index, node in enumerate(node_ids):
+        unplaced.setdefault(node, []).append(index)
+    return [(slot, unplaced[slot.hostname].pop(0)) for slot in slots]
 
 
 @dataclass(frozen=True)

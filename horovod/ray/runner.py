@@ -85,12 +85,14 @@ class RayExecutor:
         address = ray_address()
         try:
             bundles = self._place()
-            self.node_ids = [self._bundle_nodes()[bundle] for bundle in bundles]
+            nodes = self._bundle_nodes()
+            placed = [(slot, bundles[index]) for slot, index in slots_by_node([nodes[b] for b in bundles])]
+            self.node_ids = [slot.hostname for slot, _ in placed]
             secret = wire.new_secret_key()
             self._store = RendezvousServer(secret, address)
             port = self._store.start()
             extra = {**self.settings.worker_env(), **{k: str(v) for k, v in (extra_env_vars or {}).items()}}
-            for slot, bundle in zip(slots_by_node(self.node_ids), bundles):
+            for slot, bundle in placed:
                 env = {**worker_env({}, extra, slot, address, port), SECRET_KEY_ENV: secret.hex()}
                 self.workers.append(self._actor(bundle, env).remote(slot.rank))
             ray.get([worker.start_executable.remote(executable_cls, list(executable_args or []),

@@ -11,11 +11,12 @@ from horovod.ray.placement import Layout, slots_by_node  # noqa: E402
 
 
 def test_slots_follow_the_nodes_in_the_order_they_first_appear():
-    slots = slots_by_node(["b", "a", "b", "a", "b"])
-    assert [(s.hostname, s.rank, s.local_rank, s.local_size, s.cross_rank, s.cross_size) for s in slots] == [
-        ("b", 0, 0, 3, 0, 2), ("a", 3, 0, 2, 1, 2), ("b", 1, 1, 3, 0, 2), ("a", 4, 1, 2, 1, 2),
-        ("b", 2, 2, 3, 0, 1)]
-    assert {s.size for s in slots} == {5}
+    by_rank = slots_by_node(["b", "a", "b", "a", "b"])  # the node of each placed worker
+    assert [(s.hostname, s.rank, s.local_rank, s.local_size, s.cross_rank, s.cross_size, worker)
+            for s, worker in by_rank] == [
+        ("b", 0, 0, 3, 0, 2, 0), ("b", 1, 1, 3, 0, 2, 2), ("b", 2, 2, 3, 0, 1, 4),
+        ("a", 3, 0, 2, 1, 2, 1), ("a", 4, 1, 2, 1, 2, 3)]
+    assert {s.size for s, _ in by_rank} == {5}
 
 
 def test_layouts():
