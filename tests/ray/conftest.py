@@ -10,6 +10,7 @@ workers when the others' tests use memory.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -17,6 +18,8 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the Ray tests need the [ray] extra (pip install -e '.[ray]')")
 from ray.cluster_utils import Cluster  # noqa: E402
+
+from leftovers import live_processes  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CPUS_PER_NODE = 2
@@ -32,12 +35,19 @@ def ray_cluster() -> Iterator[Cluster]:
         env.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), str(REPO / "tests" / "support"),
                                                                 os.environ.get("PYTHONPATH")])))
         cluster = Cluster(initialize_head=True, connect=True,
-                          head_node_args={"num_cpus": CPUS_PER_NODE, "include_dashboard": False})
+                          head_node_args={"num_cpus": CPUS_PER_NODE, "include_dashboard": False,
+                                          "object_store_memory": 150 * 1024 * 1024})
         try:
             cluster.add_node(num_cpus=CPUS_PER_NODE)
             cluster.wait_for_nodes()
             yield cluster
         finally:
+            pids = [info.process.pid for node in cluster.list_all_nodes()
+                    for infos in node.all_processes.values() for info in infos if info.process is not None]
             ray.shutdown()
             cluster.shutdown()
+    deadline = time.monotonic() + 30
+    while live_processes(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert live_processes(pids) == [], "the Ray cluster left processes running"
 
