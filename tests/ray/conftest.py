@@ -12,21 +12,21 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="the Ray tests need the [ray] extra (pip install -e '.[ray]')")
-from ray.cluster_utils import Cluster  # noqa: E402
-
-from leftovers import live_processes  # noqa: E402
+from leftovers import live_processes
 
 REPO = Path(__file__).resolve().parents[2]
 CPUS_PER_NODE = 2
 
 
 @pytest.fixture(scope="package")
-def ray_cluster() -> Iterator[Cluster]:
+def ray_cluster() -> Iterator[Any]:
+    ray = pytest.importorskip("ray", reason="the Ray tests need the [ray] extra (pip install -e '.[ray]')")
+    from ray.cluster_utils import Cluster
+
     with pytest.MonkeyPatch.context() as env:
         env.setenv("RAY_USAGE_STATS_ENABLED", "0")
         env.setenv("RAY_memory_monitor_refresh_ms", "0")
