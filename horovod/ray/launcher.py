@@ -50,8 +50,8 @@ class RayWorkerProcess:
             return None
         try:
             code = int(ray.get(self._done))
-        except RayActorError as exc:  # killed by us, or its node or process went away
-            code = -self._killed if self._killed is not None else 1
+        except RayActorError as exc:  # killed by us, or its node or process went away: no exit status
+            code = -(self._killed if self._killed is not None else signal.SIGKILL)
             self._tail = [f"the worker's Ray actor died: {exc}"]
         except RayTaskError as exc:
             code, self._tail = 1, str(exc).splitlines()[-20:]
