@@ -66,11 +66,15 @@ class Outcome:
         lines = [self.failures[first]]
         others = [rank for rank in self.failures if rank != first]
         if others:
-            lines.append(f"(ranks {', '.join(map(str, others))} failed too, after rank {first})")
+            lines.append(f"({_ranks(others)} failed too, after rank {first})")
         if self.stuck:
-            lines.append(f"(ranks {', '.join(map(str, self.stuck))} had not finished; the executor was shut "
-                         "down to stop them: start() it again to go on)")
+            lines.append(f"({_ranks(self.stuck)} had not finished; the executor was shut down to stop "
+                         "them: start() it again to go on)")
         raise RuntimeError("\n".join(lines))
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
 
 
 def collect(refs: Sequence[Any], node_ids: Sequence[str], reporting: Reporting,

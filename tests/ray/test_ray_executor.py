@@ -4,6 +4,7 @@ executor going on after it, a second executor, bad arguments, and nothing left b
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -58,7 +59,7 @@ def fail_on_rank_1() -> None:
 
 def test_four_workers_on_two_nodes(ray_cluster):
     executor = RayExecutor(RayExecutor.create_settings(timeout_s=30), num_workers=4, cpus_per_worker=1)
-    executor.start(executable_cls=Counter, executable_args=[10])
+    executor.start(executable_cls=Counter, executable_args=[10], extra_env_vars={"MY_SETTING": 7})
     reports: list = []
     try:
         out = executor.run(where_am_i, kwargs={"scale": 2.0}, callbacks=[reports.append])
@@ -73,6 +74,7 @@ def test_four_workers_on_two_nodes(ray_cluster):
         assert reports == [{"rank": 0, "size": 4}]  # rank 0's values only
         assert executor.execute(lambda counter: counter.bump()) == [11] * 4
         assert executor.execute_single(lambda counter: counter.bump()) == 12
+        assert executor.run(lambda: os.environ.get("MY_SETTING")) == ["7"] * 4
         refs = executor.run_remote(lambda: hvd.rank())
         assert ray.get(refs) == [0, 1, 2, 3]
         pids = [o["pid"] for o in out]
@@ -93,7 +95,7 @@ def test_failure_names_rank_node_and_traceback_then_the_next_run_and_executor_wo
         text = str(failure.value)
         assert text.startswith(f"rank 1 on node ") and executor.node_ids[1] in text.splitlines()[0]
         assert "ValueError: rank 1 cannot go on" in text and "in fail_on_rank_1" in text  # the traceback
-        assert "ranks 0 failed too, after rank 1" in text  # rank 0 was told, instead of waiting
+        assert "rank 0 failed too, after rank 1" in text  # rank 0 was told, instead of waiting
         out = executor.run(where_am_i, args=[1.0])  # the same workers go on
         assert [o["sum"] for o in out] == [[3.0] * 3] * 2
     finally:
@@ -123,3 +125,22 @@ def test_bad_arguments_and_a_cluster_too_small(ray_cluster):
     while ray.available_resources().get("CPU", 0) < 4 and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ray.available_resources().get("CPU", 0) == 4
+
+
+def one_fails_one_hangs() -> None:
+    import os
+
+    if int(os.environ["HOROVOD_RANK"]) == 1:
+        raise RuntimeError("rank 1 gives up before hvd.init()")
+    time.sleep(120)  # outside Horovod: nothing tells rank 0
+
+
+def test_a_rank_that_never_finishes_after_a_failure_shuts_the_executor_down(ray_cluster):
+    executor = RayExecutor(RayExecutor.create_settings(timeout_s=3), num_workers=2)
+    executor.start()
+    pids = executor.run(os.getpid)
+    with pytest.raises(RuntimeError) as failure:
+        executor.run(one_fails_one_hangs)
+    assert "rank 1 gives up before hvd.init()" in str(failure.value)
+    assert "rank 0 had not finished; the executor was shut down" in str(failure.value)
+    assert executor.workers == [] and wait_gone(pids) == []
