@@ -101,11 +101,23 @@ def _build_runtime(settings: Settings, membership: bootstrap.Membership, transpo
 
 def shutdown() -> None:
     """Leave the job: stops this rank's engine and, after the current cycle, every other rank's."""
+    _leave(wait_for_peers=not _exiting_with_error)
+
+
+def abort(exc: BaseException) -> None:
+    """Leave the current round at once because of `exc`, recording it and telling the peers that
+    this rank failed. Unlike an uncaught exception this does not end the process, which may
+    `init()` again: a Ray actor goes on to run the executor's next function."""
+    report_failure("".join(traceback.format_exception(exc)))
+    _leave(wait_for_peers=False)
+
+
+def _leave(wait_for_peers: bool) -> None:
     with _state.lock:
         rt = _state.uninstall()
         if rt is None:
             return
-        rt.engine.request_shutdown(wait_for_peers=not _exiting_with_error)
+        rt.engine.request_shutdown(wait_for_peers=wait_for_peers)
         if rt.timeline is not None:
             rt.timeline.stop()
         if rt.rendezvous is not None:

@@ -12,11 +12,14 @@ import os
 import site
 import sys
 import warnings
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import cloudpickle
 
-__all__ = ["run"]
+if TYPE_CHECKING:
+    from horovod.runner.job import Job
+
+__all__ = ["run", "run_function"]
 
 
 def _deprecated(old: str, new: str, old_value: Any, new_value: Any) -> Any:
@@ -82,7 +85,6 @@ def run(
     """
     # Imported here so that `python -m horovod.runner.launch` does not find launch half-imported.
     from horovod.runner import launch
-    from horovod.runner.report import format_result
 
     num_proc = _deprecated("np", "num_proc", np, num_proc)
     min_num_proc = _deprecated("min_np", "min_num_proc", min_np, min_num_proc)
@@ -121,14 +123,25 @@ def run(
         spec = dataclasses.replace(spec, extra_env={**spec.extra_env, "PYTHONPATH": pythonpath})
 
     with launch.make_job(hargs, spec) as job:
-        job.store.put("runfunc", "func", cloudpickle.dumps((func, tuple(args), dict(kwargs or {}))))
-        result = job.run()
-        if not result.ok:
-            raise RuntimeError(format_result(result))
-        results = []
-        for rank in job.result_ranks():
-            raw = job.store.get("runfunc_result", str(rank))
-            if raw is None:
-                raise RuntimeError(f"rank {rank} exited with status 0 but sent no result")
-            results.append(cloudpickle.loads(raw))
+        return run_function(job, func, args, kwargs)
+
+
+def run_function(job: "Job", func: Callable[..., Any], args: Sequence[Any] = (),
+                 kwargs: dict[str, Any] | None = None) -> list[Any]:
+    """Run `func` on the workers of a started `job` (they run `horovod.runner.run_task`); the
+    results of `job.result_ranks()`, or RuntimeError naming the failure. Also used by
+    `horovod.ray.ElasticRayExecutor`, whose workers are Ray actors."""
+    from horovod.runner.report import format_result
+
+    assert job.store is not None, "start the job (with ...) first"
+    job.store.put("runfunc", "func", cloudpickle.dumps((func, tuple(args), dict(kwargs or {}))))
+    result = job.run()
+    if not result.ok:
+        raise RuntimeError(format_result(result))
+    results = []
+    for rank in job.result_ranks():
+        raw = job.store.get("runfunc_result", str(rank))
+        if raw is None:
+            raise RuntimeError(f"rank {rank} exited with status 0 but sent no result")
+        results.append(cloudpickle.loads(raw))
     return results

@@ -89,6 +89,13 @@ class JobSpec:
     failure_grace_seconds: float = 2.0
     start_timeout: float = 30.0
     failure_detection_seconds: float = DEFAULT_FAILURE_DETECTION_SECONDS
+    # Which launcher starts every worker (`horovod.runner.launchers`); None: by host, local or ssh.
+    launcher: str | None = None
+    # Where the store listens; None: chosen from the hosts (a launcher whose hosts are not network
+    # names, such as Ray's node ids, gives it).
+    store_address: str | None = None
+    # What each worker reserves where its launcher schedules it (Ray: {"CPU": 1, "GPU": 0}).
+    worker_resources: Mapping[str, float] = field(default_factory=dict)
 
 
 class Interrupted(Exception):
@@ -107,12 +114,12 @@ class Job:
             raise ValueError("no command given to run on the workers")
         self.spec = spec
         self._base_env = dict(os.environ if base_env is None else base_env)
-        self._local = {slot.hostname: network.is_local_host(slot.hostname) for slot in spec.slots}
         self._secret = wire.new_secret_key()
         self._launch_context = LaunchContext(
             command=spec.command, secret_hex=self._secret.hex(), cwd=os.getcwd(),
             launcher_env=self._base_env, output=spec.output, start_timeout=spec.start_timeout,
             ssh_port=spec.ssh_port, ssh_identity_file=spec.ssh_identity_file,
+            resources=spec.worker_resources,
         )
         self._launchers: dict[str, Launcher] = {}  # by launcher name, built on first use
         self.store: RendezvousServer | None = None
@@ -124,11 +131,14 @@ class Job:
 
     # -- store -------------------------------------------------------------------------------
     def _advertised_address(self) -> str:
-        if all(self._local.values()):
+        if self.spec.store_address is not None:
+            return self.spec.store_address
+        local = {slot.hostname: network.is_local_host(slot.hostname) for slot in self.spec.slots}
+        if all(local.values()):
             return "127.0.0.1"
         if self.spec.nics:
             return network.interface_address(self.spec.nics[0])
-        remote = next(host for host, local in self._local.items() if not local)
+        remote = next(host for host, is_local in local.items() if not is_local)
         return network.address_towards(remote)
 
     def __enter__(self) -> "Job":
@@ -146,7 +156,7 @@ class Job:
     # -- workers -----------------------------------------------------------------------------
     def _start(self, slot: SlotInfo) -> WorkerProcess:
         env = worker_env(self._base_env, self.spec.extra_env, slot, self.address, self.port)
-        name = launchers.default_name(slot.hostname)
+        name = self.spec.launcher or launchers.default_name(slot.hostname)
         if name not in self._launchers:
             self._launchers[name] = launchers.create(name, self._launch_context)
         return self._launchers[name].start(slot, env)

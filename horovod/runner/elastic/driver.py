@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import Mapping
 
 from horovod.common.bootstrap.store import last_joined_round, publish_change, publish_round
 from horovod.runner.elastic.discovery import HostDiscovery
@@ -52,8 +53,8 @@ class ElasticSpec:
 class ElasticDriver(Job):
     """A `Job` whose workers come and go by rounds; use as a context manager, like `Job`."""
 
-    def __init__(self, spec: JobSpec, elastic: ElasticSpec) -> None:
-        super().__init__(spec)
+    def __init__(self, spec: JobSpec, elastic: ElasticSpec, base_env: Mapping[str, str] | None = None) -> None:
+        super().__init__(spec, base_env)
         self.elastic = elastic
         self.hosts = HostManager(elastic.cooldown_range)
         self.resets = 0

@@ -61,9 +61,15 @@ def elastic_job(args: argparse.Namespace, spec: JobSpec) -> tuple[JobSpec, Elast
         env_float(os.environ, "HOROVOD_ELASTIC_TIMEOUT", DEFAULT_ELASTIC_TIMEOUT)
     elastic = ElasticSpec(discovery, min_np, args.max_num_proc, timeout, args.reset_limit,
                           tuple(args.cooldown_range) if args.cooldown_range else None)
-    # Survivors wait in init() for the next round while the driver waits for slots: as long.
-    start_timeout = max(spec.start_timeout, timeout)
+    first = plan_round({host.hostname: host.slots for host in hosts}, 1, args.max_num_proc) or []
+    return elastic_spec(dataclasses.replace(spec, slots=tuple(first)), timeout), elastic
+
+
+def elastic_spec(spec: JobSpec, elastic_timeout: float) -> JobSpec:
+    """`spec` for the workers of an elastic job: the `store` bootstrap, and a start timeout as long
+    as the elastic timeout (survivors wait in init() for the next round while the driver waits for
+    slots)."""
+    start_timeout = max(spec.start_timeout, elastic_timeout)
     extra_env = {**spec.extra_env, "HOROVOD_ELASTIC": "1", "HOROVOD_BOOTSTRAP": "store",
                  "HOROVOD_START_TIMEOUT": f"{start_timeout:g}"}
-    first = plan_round({host.hostname: host.slots for host in hosts}, 1, args.max_num_proc) or []
-    return dataclasses.replace(spec, slots=tuple(first), extra_env=extra_env, start_timeout=start_timeout), elastic
+    return dataclasses.replace(spec, extra_env=extra_env, start_timeout=start_timeout)

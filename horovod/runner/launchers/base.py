@@ -40,6 +40,7 @@ class LaunchContext:
     start_timeout: float = 30.0  # also bounds how long a remote connection may take
     ssh_port: int | None = None
     ssh_identity_file: str | None = None
+    resources: Mapping[str, float] = field(default_factory=dict)  # each worker's reservation (Ray)
 
 
 class WorkerProcess(Protocol):
