@@ -58,4 +58,5 @@ class SpinPolicy:
                 if done():
                     return True
                 os.sched_yield()
+            return done()  # it may have come true while another thread had the core
         return False
