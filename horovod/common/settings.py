@@ -146,6 +146,9 @@ class Settings:
     dynamic_process_sets: bool = False
     elastic: bool = False
     cpu_operations: str = "auto"
+    # khorovod extension (HOROVOD_CPU_BINDING=0 to turn off): each rank of a host on its own share
+    # of the cores, where nobody placed the processes already (transport/shm/placement.py).
+    cpu_binding: bool = True
     start_timeout: float = 30.0
     # How long a peer may stay silent in the middle of a collective before we call it hung.
     peer_timeout_seconds: float = 30.0
@@ -203,6 +206,7 @@ class Settings:
             dynamic_process_sets=_flag(env, "HOROVOD_DYNAMIC_PROCESS_SETS"),
             elastic=_flag(env, "HOROVOD_ELASTIC"),
             cpu_operations=(env.get("HOROVOD_CPU_OPERATIONS") or "auto").strip().lower(),
+            cpu_binding=_flag(env, "HOROVOD_CPU_BINDING", True),
             start_timeout=env_float(env, "HOROVOD_START_TIMEOUT", 30.0),
             peer_timeout_seconds=env_float(env, "HOROVOD_GLOO_TIMEOUT_SECONDS", 30.0),
             failure_detection_seconds=env_float(env, "HOROVOD_FAILURE_DETECTION_SECONDS",

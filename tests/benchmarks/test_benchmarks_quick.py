@@ -56,3 +56,16 @@ def test_torch_training_benchmark_runs_both_and_ends_identical():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "ratio khorovod / DDP:" in proc.stdout
     assert "largest weight difference after training: 0.00e+00" in proc.stdout
+
+
+def test_fresh_jobs_alternates_variants_and_reports_each():
+    # benchmarks/fresh_jobs.py, shortened: one job per variant, as in docs/performance.md.
+    script = str(REPO / "benchmarks" / "fresh_jobs.py")
+    proc = subprocess.run([sys.executable, script, "--jobs", "1", "--sizes", "4K,1M", "--iters", "3",
+                           "--variant", "bound=", "--variant", "unbound=HOROVOD_CPU_BINDING=0"],
+                          capture_output=True, text=True, timeout=240, env=child_env(), cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "1 fresh jobs per variant, 2 ranks" in proc.stdout
+    for name in ("bound", "unbound"):
+        section = proc.stdout.split(f"\n{name}:\n", 1)[1]
+        assert "| 4 KiB |" in section and "| 1 MiB |" in section and "job  0: 4096:" in section

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import time
 
-from horovod.common.engine.waiting import DRIVER_SPIN_SECONDS, Waiter
+from horovod.common.engine.waiting import Waiter
+from horovod.common.transport.spin import SPIN_SECONDS
 
 
 class FakeTransport:
@@ -102,10 +103,10 @@ def test_only_the_driver_spins_and_only_where_spinning_is_useful() -> None:
 
     transport.has_activity = has_activity  # type: ignore[method-assign]
     idle, _ = waiter(transport, driver=False)
-    idle.wait(DRIVER_SPIN_SECONDS)
+    idle.wait(SPIN_SECONDS)
     idle_checks, checks = checks, 0
     driver, _ = waiter(transport, driver=True)
-    driver.wait(DRIVER_SPIN_SECONDS)
+    driver.wait(SPIN_SECONDS)
     assert idle_checks <= 3 < checks  # the idle thread looks before and after its sleep; the driver spins
     checks = 0
     driver.wait(0)  # a look, not a wait: no spin

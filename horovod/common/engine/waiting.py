@@ -13,11 +13,7 @@ import selectors
 import time
 
 from horovod.common.transport.base import Transport
-
-# While a framework thread drives the engine (it would only block otherwise) it spins this long
-# before it sleeps, where spinning is useful: a rank that sleeps takes 30-60 us to wake here,
-# more than a whole small op.
-DRIVER_SPIN_SECONDS = 200e-6
+from horovod.common.transport.spin import SPIN_SECONDS, SpinPolicy
 
 
 class Waiter:
@@ -26,6 +22,8 @@ class Waiter:
     def __init__(self, transport: Transport, wake_fd: int, driver: bool) -> None:
         self._transport = transport
         self._driver = driver
+        # Only the driver spins (it would block anyway), where spinning is useful at all.
+        self._spin = SpinPolicy(driver and transport.spin_useful)
         # Built once: registering every peer's socket on each wait would cost more than the wait.
         self._selector = selectors.DefaultSelector()
         self._selector.register(wake_fd, selectors.EVENT_READ, False)
@@ -39,18 +37,19 @@ class Waiter:
         transport = self._transport
         if transport.has_activity():
             return True
-        if timeout != 0 and self._driver and transport.spin_useful:  # the driver would block anyway
-            spin = DRIVER_SPIN_SECONDS if timeout is None else min(DRIVER_SPIN_SECONDS, timeout)
-            end = time.perf_counter() + spin
-            while time.perf_counter() < end:
-                if transport.has_activity():
-                    return True
+        start = time.perf_counter()
+        limit = SPIN_SECONDS if timeout is None else min(SPIN_SECONDS, timeout)
+        if limit and self._spin.spin(transport.has_activity, limit):
+            self._spin.record(time.perf_counter() - start, limit)
+            return True
         transport.listen(self._driver, True)
         try:
             events = [] if transport.has_activity() else self._selector.select(timeout)
         finally:
             transport.listen(self._driver, False)
         transport.drain(self._driver)
+        if limit:
+            self._spin.record(time.perf_counter() - start, limit)
         return transport.has_activity() or any(key.data for key, _ in events)
 
     def close(self) -> None:

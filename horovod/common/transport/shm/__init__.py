@@ -26,8 +26,10 @@ staging and reading overlap. Allreduce:
 Signalling. Progress is published as monotonic counters, one per ordered pair of ranks and kind.
 Both ranks of a pair run the same collectives in the same order and agree on how many rounds each
 takes, so no counter needs to say which collective it belongs to. A waiting rank spins briefly
-(only when every local rank has a core of its own, and not while spins keep failing), then
-sleeps on a datagram socket; a peer that publishes what it sleeps on rings it. The TCP mesh stays
+(only when every local rank has a core of its own, and only while recent waits ended within the
+spin: `transport.spin`), then sleeps on a datagram socket; a peer that publishes what it sleeps
+on rings it. Each local rank runs on its own share of the cores (`placement`): ranks that wake
+each other are otherwise pulled onto one core by the kernel and stay there. The TCP mesh stays
 up underneath: a peer that dies closes its connections, which wakes every waiter, and
 `tcp.DeathWatch` names the rank that failed first.
 
@@ -35,7 +37,7 @@ Ordering relies on stores becoming visible in program order (x86-64 and the fenc
 `signals`); each counter is an aligned 8-byte word with a single writer.
 
 Modules: `segment` (layout, mapping, life cycle, the fusion region), `signals` (counters, fences,
-bells, waiting), `mailbox` (control messages), `collectives` (the data plane), `transport`
+bells, waiting), `placement` (core shares), `mailbox` (control messages), `collectives` (the data plane), `transport`
 (`ShmTransport`: routes each group to shared memory or TCP).
 """
 

@@ -1,9 +1,9 @@
 """Signalling between the ranks of one host: counters in the control blocks, fences, bells.
 
 Progress is published as monotonic counters, one per ordered pair of ranks and kind. A waiting
-rank spins briefly (only when every local rank has a core of its own, and not while spins keep
-failing), then sleeps on a datagram socket (its *bell*); a peer that publishes what it sleeps on
-rings it. Each counter is an aligned 8-byte word with a single writer.
+rank spins briefly (only when every local rank has a core of its own, and only while recent waits
+were short: `transport.spin`), then sleeps on a datagram socket (its *bell*); a peer that
+publishes what it sleeps on rings it. Each counter is an aligned 8-byte word with a single writer.
 """
 
 from __future__ import annotations
@@ -15,15 +15,11 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from horovod.common.transport.base import PeerFailure
+from horovod.common.transport.spin import BACKGROUND_SPIN_SECONDS, SPIN_SECONDS, SpinPolicy
 from horovod.common.transport.tcp import CLOSED_BY_PEER, HANGUP, TcpTransport
 
 if TYPE_CHECKING:
     from horovod.common.transport.shm.segment import HostSegments
-
-SPIN_SECONDS = 20e-6
-# While a framework thread drives the engine (it would only block otherwise) it spins longer: a
-# rank that sleeps takes 30-60 us to wake here, more than the whole small op.
-DRIVER_SPIN_SECONDS = 200e-6
 
 # Header words of the control block. Two threads of a rank may sleep: the one that drives the
 # engine (it holds the engine's drive lock) and the idle engine thread; each has its own words.
@@ -36,8 +32,6 @@ WAITING, CLOSED, BLAME, TARGET, IDLE, DRIVEN = 0, 1, 2, 3, 4, 5
 ANY_PEER = 0xFFFF
 HEADER_WORDS = 8
 IDLE_SUFFIX = ".idle"  # the idle engine thread's bell: the driver's bell address + this
-# After this many spins in a row that found nothing, skip spinning for a while (the machine is busy).
-_SPIN_MISSES, _SPIN_PAUSE = 8, 64
 # Counter kinds: one u64 per local peer each, written by the block's owner.
 SENT, RECEIVED, STAGED, REDUCED, CONSUMED = range(5)
 KINDS = 5
@@ -95,8 +89,8 @@ class Signals:
         self.bells, self.bell_address = host.bells, host.bell_address
         self.timeout = peer_timeout
         self.may_spin = may_spin  # spinning only helps while every local rank has a core
-        self.spin = SPIN_SECONDS if may_spin else 0.0
-        self._spin_misses = self._spin_pause = 0
+        self.spin = BACKGROUND_SPIN_SECONDS  # the longest spin now (longer while a caller drives)
+        self._spin_policy = SpinPolicy(may_spin)
         self._poll: select.poll | None = None
         self._fd_rank: dict[int, int] = {}
 
@@ -150,18 +144,10 @@ class Signals:
         counter, me = self.segments[q].counters[kind], self.me
         if counter[me] >= target:
             return
-        if self.spin and not self._spin_pause:
-            end = time.perf_counter() + self.spin
-            while time.perf_counter() < end:
-                if counter[me] >= target:
-                    self._spin_misses = 0
-                    return
-            self._spin_misses += 1
-            if self._spin_misses >= _SPIN_MISSES:
-                self._spin_misses, self._spin_pause = 0, _SPIN_PAUSE
-        elif self._spin_pause:
-            self._spin_pause -= 1
-        self._sleep_until(q, kind, counter, target)
+        start = time.perf_counter()
+        if not self._spin_policy.spin(lambda: counter[me] >= target, self.spin):
+            self._sleep_until(q, kind, counter, target)
+        self._spin_policy.record(time.perf_counter() - start, self.spin)
 
     def _poller(self) -> select.poll:
         """Our bell, and every connection of the job (a peer that closes wakes us at once)."""
@@ -216,8 +202,7 @@ class Signals:
         """A framework thread drives the engine (on) or no longer does; when it stops, True if a
         message arrived meanwhile that nobody has read (the engine thread must be woken)."""
         self.mine.header[DRIVEN] = int(on)
-        if self.may_spin:
-            self.spin = DRIVER_SPIN_SECONDS if on else SPIN_SECONDS
+        self.spin = SPIN_SECONDS if on else BACKGROUND_SPIN_SECONDS
         if on:
             return False
         fence()

@@ -12,6 +12,7 @@ from horovod.common.logging import log
 from horovod.common.transport.base import Transport, TransportContext
 from horovod.common.transport.shm.collectives import Collectives
 from horovod.common.transport.shm.mailbox import Mailbox
+from horovod.common.transport.shm.placement import CoreShare
 from horovod.common.transport.shm.segment import HostSegments, Unavailable
 from horovod.common.transport.shm.signals import Signals
 from horovod.common.transport.tcp import TcpTransport
@@ -38,6 +39,7 @@ class ShmTransport(Transport):
         self.signals: Signals | None = None
         self.mailbox: Mailbox | None = None
         self.shm: Collectives | None = None
+        self.cores = CoreShare()
         self._closed = False
         hostname = context.topology.hostname or socket.gethostname()
         self.hosts: list[str] = [hostname]
@@ -52,7 +54,7 @@ class ShmTransport(Transport):
         if len(self.local_ranks) > 1:
             try:
                 self._open(min(context.settings.fusion_threshold, _MAX_FUSION_BYTES),
-                           context.settings.peer_timeout_seconds)
+                           context.settings.peer_timeout_seconds, context.settings.cpu_binding)
             except Unavailable as exc:
                 log.warning("rank %d: shared memory is unavailable (%s); ranks on this host talk over TCP",
                             rank, exc)
@@ -63,11 +65,13 @@ class ShmTransport(Transport):
         # Per group: where its collectives and its control messages go.
         self._routes: dict[tuple[int, ...], tuple[Collectives | TcpTransport, Mailbox | TcpTransport]] = {}
 
-    def _open(self, fusion_bytes: int, peer_timeout: float) -> None:
+    def _open(self, fusion_bytes: int, peer_timeout: float, bind: bool) -> None:
         """Set up shared memory with the other ranks of this host (collectively)."""
         host = self.host = HostSegments(self.tcp, self.local_ranks, self.rank, fusion_bytes)
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.signals = Signals(host, self.tcp, peer_timeout, may_spin=len(self.local_ranks) <= cpus)
+        if bind:
+            self.cores.bind(host.me, len(self.local_ranks))
         self.mailbox = Mailbox(host, self.signals, self.tcp)
         self.shm = Collectives(host, self.signals)
         self.signals.attach()
@@ -156,4 +160,5 @@ class ShmTransport(Transport):
             self.shm.close()
         if self.host is not None:
             self.host.close()
+        self.cores.release()
         self.tcp.close()

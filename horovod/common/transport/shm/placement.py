@@ -1,0 +1,64 @@
+"""Where the ranks of one host run: each local rank on a share of the cores of its own.
+
+Ranks that talk through shared memory wake each other: a rank that sleeps in a collective is
+woken by its peer's ring, a socket write, which the kernel treats as "the writer is about to
+sleep, run the reader here". Its wake-affine placement then pulls the two ranks onto one core,
+and as long as they keep waking each other they stay there, one running while the other waits:
+a job that started that way ran at a fraction of its speed to the end (measured on the 2-core
+development machine: both ranks of a slow job sat on the same core for every operation; see
+docs/performance.md). Giving each local rank its own share of the cores, as `mpirun` binds
+ranks to cores, takes that decision away from the phase of the job's first operations.
+
+Only done where nobody placed the process already (its affinity is every core of the machine)
+and every local rank can have a core; `HOROVOD_CPU_BINDING=0` turns it off. The original
+affinity comes back when the transport closes.
+"""
+
+from __future__ import annotations
+
+import os
+
+from horovod.common.partition import even_counts, offsets
+
+_TASKS = "/proc/self/task"
+
+
+def _set_all_threads(cpus: set[int]) -> None:
+    """Apply `cpus` to every thread of the process (the call itself affects only one thread)."""
+    try:
+        threads = [int(tid) for tid in os.listdir(_TASKS)]
+    except OSError:
+        threads = [0]
+    for tid in threads:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:  # the thread ended meanwhile
+            pass
+
+
+class CoreShare:
+    """This rank's share of the host's cores, held from `bind` until `release`."""
+
+    def __init__(self) -> None:
+        self.cpus: set[int] | None = None  # our share while bound
+        self._original: set[int] | None = None
+
+    def bind(self, index: int, local_size: int) -> set[int] | None:
+        """Restrict this process to local rank `index`'s share of the cores; the share, or None
+        where the process is left where it is."""
+        if not hasattr(os, "sched_setaffinity") or self.cpus is not None:
+            return self.cpus
+        allowed = sorted(os.sched_getaffinity(0))
+        if len(allowed) != os.cpu_count() or not 1 < local_size <= len(allowed):
+            return None  # placed already (mpirun, srun, taskset), or fewer cores than ranks
+        counts = even_counts(len(allowed), local_size)
+        start = offsets(counts)[index]
+        self._original, self.cpus = set(allowed), set(allowed[start: start + counts[index]])
+        _set_all_threads(self.cpus)
+        return self.cpus
+
+    def release(self) -> None:
+        """Give the process back the cores it had before `bind`."""
+        if self._original is not None:
+            _set_all_threads(self._original)
+            self._original = self.cpus = None
