@@ -10,10 +10,17 @@ too (`variables()` called, `weights`, `lr`): Horovod's example scripts were writ
 Keras 3 calls `apply` from every backend's train step (TensorFlow through `apply_gradients`,
 JAX through `stateless_apply`, which runs `apply` in a stateless scope), so this one method is
 the whole integration.
+
+Horovod builds its wrapper as a subclass of the user's optimizer class, so `type(opt).__name__`
+is `"SGD"` for a wrapped SGD, and logging or checkpoint code reads that name. The instance here
+is of a subclass of `DistributedOptimizer` that carries the wrapped class's name and adds
+nothing else (one per optimizer class); Keras saves it under the wrapper's registered name,
+so a saved model loads back through `DistributedOptimizer.from_config`.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import keras
@@ -46,6 +53,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     them on every n-th call (divided by n when `average_aggregated_gradients`); the other calls
     change no weights. `device_dense`/`device_sparse` are accepted for compatibility.
     """
+
+    def __new__(cls, optimizer: Any = None, *args: Any, **kwargs: Any) -> "DistributedOptimizer":
+        # `optimizer` is None when copy/pickle rebuild an instance of an already named class.
+        if isinstance(optimizer, keras.optimizers.Optimizer) and not isinstance(optimizer, DistributedOptimizer):
+            cls = named_wrapper(type(optimizer))
+        return super().__new__(cls)
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, name: str | None = None, device_dense: str = "",
                  device_sparse: str = "", compression: type[Compressor] = Compression.none,
@@ -206,3 +219,17 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if config.get("op") not in OP_NAMES:
             config.pop("op", None)
         return cls(inner, **config)
+
+
+
+@functools.cache
+def named_wrapper(optimizer_class: type) -> type[DistributedOptimizer]:
+    """The wrapper class under `optimizer_class`'s name (see the module docstring)."""
+    named = type(optimizer_class.__name__, (DistributedOptimizer,),
+                 {"__module__": __name__, "__doc__": DistributedOptimizer.__doc__})
+    # Saved under the wrapper's registered name; registering the wrapper again keeps that name
+    # loading the wrapper itself, whose from_config picks the named class from the inner optimizer.
+    register = keras.saving.register_keras_serializable(package="horovod", name=DistributedOptimizer.__name__)
+    register(named)
+    register(DistributedOptimizer)
+    return named
