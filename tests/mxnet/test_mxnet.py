@@ -160,3 +160,12 @@ def test_digits_example_converges(mxnet_python):
     digits = Path(sklearn.__file__).parent / "datasets" / "data" / "digits.csv.gz"
     check_digits_example("mxnet/mxnet_digits.py", "--data", str(digits), "--epochs", "5", python=mxnet_python,
                          min_accuracy=90.0)
+
+
+def test_argument_errors_have_horovods_types_and_clear_messages_on_every_rank(mxnet_python):
+    from argument_errors import check, snippet
+
+    result = hvdrun(snippet(("mxnet",)), np=2, timeout=180, python=mxnet_python).check()
+    for rank in (0, 1):
+        problems = check(result.ranks[rank]["results"], ("mxnet",))
+        assert not problems, f"rank {rank}:\n" + "\n".join(problems)
