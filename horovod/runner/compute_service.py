@@ -53,9 +53,9 @@ class ComputeService:
         return {nic: [(address, self._port)] for nic, address in found.items() if address is not None}
 
     def shutdown(self) -> None:
-        """Tell every waiting compute worker to stop, then stop serving."""
+        """Tell every waiting compute worker to stop, then stop serving (a worker whose connection
+        closes before the answer reaches it stops too: see `ComputeClient.wait_for_shutdown`)."""
         self._server.put(_SCOPE, _SHUTDOWN, b"")
-        time.sleep(0.2)  # let the waiting readers be answered before their connections close
         self._server.stop()
 
 
@@ -70,7 +70,7 @@ class ComputeClient:
     """A connection to a `ComputeService` through the first of its addresses that answers."""
 
     def __init__(self, compute_addresses: Addresses, key: bytes, verbose: int = 1) -> None:
-        self.verbose = verbose
+        self.verbose = verbose  # Horovod's argument; our waits log nothing
         candidates = [(str(host), int(port)) for addresses in compute_addresses.values() for host, port in addresses]
         if not candidates:
             raise ValueError("ComputeClient: the compute service config lists no address")
