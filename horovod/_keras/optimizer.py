@@ -10,10 +10,17 @@ too (`variables()` called, `weights`, `lr`): Horovod's example scripts were writ
 Keras 3 calls `apply` from every backend's train step (TensorFlow through `apply_gradients`,
 JAX through `stateless_apply`, which runs `apply` in a stateless scope), so this one method is
 the whole integration.
+
+Horovod builds its wrapper as a subclass of the user's optimizer class, so `type(opt).__name__`
+is `"SGD"` for a wrapped SGD, and logging or checkpoint code reads that name. The instance here
+is of a subclass of `DistributedOptimizer` that carries the wrapped class's name and adds
+nothing else (one per optimizer class); Keras saves it under the wrapper's registered name,
+so a saved model loads back through `DistributedOptimizer.from_config`.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any, Sequence
 
@@ -65,6 +72,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         # A Keras 2 (tf_keras) optimizer gets Keras 2's kind of distributed optimizer instead.
         if is_keras2_optimizer(optimizer):
             return keras2_distributed(optimizer, *args, **kwargs)
+        # `optimizer` is None when copy/pickle rebuild an instance of an already named class.
+        if isinstance(optimizer, keras.optimizers.Optimizer) and not isinstance(optimizer, DistributedOptimizer):
+            cls = named_wrapper(type(optimizer))
         return super().__new__(cls)
 
     def __init__(self, optimizer: keras.optimizers.Optimizer, name: str | None = None, device_dense: str = "",
@@ -251,3 +261,16 @@ def keras2_distributed(optimizer: Any, name: str | None = None, device_dense: st
                              process_set, scale_local_gradients)
     return keras2.wrap(optimizer, reducer, sparse_as_dense, int(backward_passes_per_step),
                        average_aggregated_gradients)
+
+
+@functools.cache
+def named_wrapper(optimizer_class: type) -> type[DistributedOptimizer]:
+    """The wrapper class under `optimizer_class`'s name (see the module docstring)."""
+    named = type(optimizer_class.__name__, (DistributedOptimizer,),
+                 {"__module__": __name__, "__doc__": DistributedOptimizer.__doc__})
+    # Saved under the wrapper's registered name; registering the wrapper again keeps that name
+    # loading the wrapper itself, whose from_config picks the named class from the inner optimizer.
+    register = keras.saving.register_keras_serializable(package="horovod", name=DistributedOptimizer.__name__)
+    register(named)
+    register(DistributedOptimizer)
+    return named

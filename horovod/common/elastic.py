@@ -91,13 +91,19 @@ class State:
             self.on_hosts_updated(*newer)
 
     def save(self) -> None:
-        raise NotImplementedError
+        """Snapshot the values (what `restore` goes back to)."""
+        raise NotImplementedError(f"{type(self).__name__} must define save(): how to snapshot its values "
+                                  "(ObjectState does it for plain attributes)")
 
     def restore(self) -> None:
-        raise NotImplementedError
+        """Go back to the last snapshot."""
+        raise NotImplementedError(f"{type(self).__name__} must define restore(): how to go back to the snapshot "
+                                  "save() took")
 
     def sync(self) -> None:
-        raise NotImplementedError
+        """Take rank 0's values on every rank."""
+        raise NotImplementedError(f"{type(self).__name__} must define sync(): how every rank takes rank 0's values "
+                                  "(e.g. with broadcast_object)")
 
     def reset(self) -> None:
         """Adjust to the new membership after a re-initialisation (nothing by default)."""

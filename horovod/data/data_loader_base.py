@@ -26,11 +26,12 @@ class BaseDataLoader:
     """Iterating yields `_process_batch(batch)` for each `batch` of `_iterate()`."""
 
     def __len__(self) -> int:
-        raise NotImplementedError()
+        raise NotImplementedError(f"{type(self).__name__} must define __len__(): the number of batches in an epoch")
 
     def _iterate(self) -> Iterator[Any]:
         """The raw batches of one epoch."""
-        raise NotImplementedError()
+        raise NotImplementedError(f"{type(self).__name__} must define _iterate(): a generator of one epoch's raw "
+                                  "batches")
 
     def __iter__(self) -> Iterator[Any]:
         for batch in self._iterate():

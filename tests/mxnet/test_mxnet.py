@@ -150,23 +150,22 @@ def test_gluon_training_on_two_ranks_equals_one_process(mxnet_python):
 
 
 def test_digits_example_converges(mxnet_python):
-    import re
-    import subprocess
-    import sys
     from pathlib import Path
 
     pytest.importorskip("sklearn")
     import sklearn
 
-    from multirank import REPO, child_env
+    from digits import check_digits_example
 
     digits = Path(sklearn.__file__).parent / "datasets" / "data" / "digits.csv.gz"
-    command = [sys.executable, "-m", "horovod.runner.launch", "-np", "2", mxnet_python,
-               str(REPO / "examples" / "mxnet" / "mxnet_digits.py"), "--data", str(digits), "--epochs", "5"]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=180, env=child_env(), cwd=REPO)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "[1]<stdout>" not in proc.stdout
-    losses = [float(v) for v in re.findall(r"\[0\]<stdout>:epoch +\d+  loss ([\d.]+)", proc.stdout)]
-    assert len(losses) == 2 and losses[-1] < losses[0], proc.stdout
-    accuracy = float(re.search(r"final test accuracy ([\d.]+)%", proc.stdout).group(1))
-    assert accuracy > 90.0 and "all ranks hold the same model: True" in proc.stdout, proc.stdout
+    check_digits_example("mxnet/mxnet_digits.py", "--data", str(digits), "--epochs", "5", python=mxnet_python,
+                         min_accuracy=90.0)
+
+
+def test_argument_errors_have_horovods_types_and_clear_messages_on_every_rank(mxnet_python):
+    from argument_errors import check, snippet
+
+    result = hvdrun(snippet(("mxnet",)), np=2, timeout=180, python=mxnet_python).check()
+    for rank in (0, 1):
+        problems = check(result.ranks[rank]["results"], ("mxnet",))
+        assert not problems, f"rank {rank}:\n" + "\n".join(problems)

@@ -16,6 +16,7 @@ the user set explicitly is never tuned. Rank 0 logs every configuration to the C
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import statistics
 import time
@@ -38,15 +39,15 @@ LOG_HEADER = ("hierarchical_allreduce,hierarchical_allgather,torus_allreduce,cac
 Values = dict[str, object]
 
 
-class _Stage:
+class _Stage(abc.ABC):
     """One link of the search chain: proposes values to score and remembers how they did."""
 
     def __init__(self) -> None:
         self.tried: list[tuple[Values, float]] = []
 
+    @abc.abstractmethod
     def propose(self) -> Values | None:
         """The next values to score, or None when this stage has seen enough."""
-        raise NotImplementedError
 
     def observe(self, values: Values, score: float) -> None:
         self.tried.append((values, score))

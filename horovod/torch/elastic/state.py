@@ -33,7 +33,8 @@ class StateHandler:
         self.value.load_state_dict(self._saved)
 
     def sync(self) -> None:
-        raise NotImplementedError
+        """Take rank 0's value on every rank."""
+        raise NotImplementedError(f"{type(self).__name__} must define sync(): how every rank takes rank 0's value")
 
     def reset(self) -> None:
         """Nothing to adjust by default."""
