@@ -14,7 +14,7 @@ from horovod.tensorflow.compression import Compression, Compressor
 from horovod.tensorflow.gradient_tape import allreduce_gradients
 
 
-class _LegacyDistributedOptimizer(tf.compat.v1.train.Optimizer):
+class _DistributedOptimizer(tf.compat.v1.train.Optimizer):
     """A `tf.compat.v1.train.Optimizer` whose `compute_gradients` returns reduced gradients; the
     rest is the wrapped optimizer's.
 
@@ -133,7 +133,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
         name = name or f"Distributed{type(optimizer).__name__}"
         reducer = GradientReducer(name, op, gradient_predivide_factor, num_groups, groups, process_set, compression,
                                   scale_local_gradients)
-        return _LegacyDistributedOptimizer(optimizer, reducer, name, use_locking, sparse_as_dense,
+        return _DistributedOptimizer(optimizer, reducer, name, use_locking, sparse_as_dense,
                                            int(backward_passes_per_step), average_aggregated_gradients)
     raise ValueError(f"DistributedOptimizer wraps a Keras optimizer or a tf.compat.v1.train.Optimizer, "
                      f"got {type(optimizer).__name__}")

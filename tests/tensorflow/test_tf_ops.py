@@ -547,4 +547,4 @@ def test_broadcast_global_variables_needs_tf1_graphs(run):
 
 def test_legacy_tf1_optimizer(run):
     for got in both_ranks(run, "legacy_optimizer"):
-        assert got[0] == "_LegacyDistributedOptimizer" and got[1] == [1.5, 1.5] and got[2] == [0.25, 0.25]
+        assert got[0] == "_DistributedOptimizer" and got[1] == [1.5, 1.5] and got[2] == [0.25, 0.25]
