@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import ray
 
 from horovod.ray.results import Reporting
-from horovod.ray.settings import ElasticRaySettings, ray_address
+from horovod.ray.settings import NO_SSH, OWN_DISCOVERY, ElasticRaySettings, ray_address, warn_ignored
 from horovod.ray.worker import run_reporting
 from horovod.runner import run_function
 from horovod.runner.elastic import ElasticDriver, ElasticSpec
@@ -51,6 +51,8 @@ class ElasticRayExecutor:
     def __init__(self, settings: ElasticRaySettings, use_gpu: bool = False, cpus_per_slot: float = 1,
                  gpus_per_slot: float | None = None, env_vars: dict[str, str] | None = None,
                  override_discovery: bool = True) -> None:
+        if not override_discovery:
+            warn_ignored("override_discovery=False", OWN_DISCOVERY)
         if cpus_per_slot <= 0 or (gpus_per_slot is not None and gpus_per_slot <= 0):
             raise ValueError("cpus_per_slot and gpus_per_slot must be positive")
         if gpus_per_slot is not None and not use_gpu:
@@ -71,6 +73,8 @@ class ElasticRayExecutor:
             raise ValueError(f"need 1 <= min_num_proc ({min_num_proc}) <= max_num_proc ({max_num_proc})")
         if elastic_timeout <= 0 or timeout_s <= 0:
             raise ValueError("elastic_timeout and timeout_s must be positive")
+        if ssh_identity_file is not None:
+            warn_ignored("ssh_identity_file", NO_SSH)
         return ElasticRaySettings(timeout_s=timeout_s, ssh_identity_file=ssh_identity_file,
                                   nics=tuple(nics) if nics else None, min_num_proc=min_num_proc,
                                   max_num_proc=max_num_proc, reset_limit=reset_limit, elastic_timeout=elastic_timeout,

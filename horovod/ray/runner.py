@@ -22,7 +22,7 @@ from horovod.common.rendezvous import RendezvousServer
 from horovod.ray import results
 from horovod.ray.elastic import ElasticRayExecutor
 from horovod.ray.placement import Layout, slots_by_node
-from horovod.ray.settings import ElasticRaySettings, RaySettings, ray_address
+from horovod.ray.settings import NO_SSH, OWN_DISCOVERY, ElasticRaySettings, RaySettings, ray_address, warn_ignored
 from horovod.ray.worker import BaseHorovodWorker
 from horovod.runner.job import worker_env
 from horovod.runner.launchers import SECRET_KEY_ENV
@@ -42,6 +42,8 @@ class RayExecutor:
                  min_workers: int | None = None, max_workers: int | None = None, reset_limit: int | None = None,
                  cooldown_range: tuple[int, int] | None = None, elastic_timeout: int = 600,
                  override_discovery: bool = True) -> None:
+        if not override_discovery:
+            warn_ignored("override_discovery=False", OWN_DISCOVERY)
         self.settings = settings
         # min_workers/max_workers: Horovod's elastic RayExecutor, which is an ElasticRayExecutor.
         self._elastic: ElasticRayExecutor | None = None
@@ -66,6 +68,8 @@ class RayExecutor:
                         placement_group_timeout_s: float = 100, nics: Sequence[str] | None = None) -> RaySettings:
         if timeout_s <= 0 or placement_group_timeout_s <= 0:
             raise ValueError("timeout_s and placement_group_timeout_s must be positive")
+        if ssh_identity_file is not None or ssh_str is not None:
+            warn_ignored("ssh_identity_file/ssh_str", NO_SSH)
         return RaySettings(timeout_s, ssh_identity_file, ssh_str, placement_group_timeout_s,
                            tuple(nics) if nics else None)
 

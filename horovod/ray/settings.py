@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -23,6 +24,15 @@ class RaySettings:
     def worker_env(self) -> dict[str, str]:
         """The `HOROVOD_*` variables these settings give every worker (as horovodrun's flags would)."""
         return horovod_env(SimpleNamespace(start_timeout=self.timeout_s, nics=list(self.nics or ())))
+
+
+def warn_ignored(option: str, why: str) -> None:
+    """An option of Horovod's signature that has no effect on Ray says so, instead of being dropped quietly."""
+    warnings.warn(f"horovod.ray: {option} has no effect here: {why}", UserWarning, stacklevel=3)
+
+
+NO_SSH = "Ray starts the workers as actors; nothing is copied or started over ssh"
+OWN_DISCOVERY = "hosts are always the Ray cluster's nodes (ray.nodes()); a discovery script is not used"
 
 
 def ray_address() -> str:

@@ -15,6 +15,7 @@ from ray import tune
 
 from horovod.ray.placement import Layout
 from horovod.ray.runner import RayExecutor
+from horovod.ray.settings import NO_SSH, warn_ignored
 
 
 def DistributedTrainableCreator(func: Callable[[dict[str, Any]], Any], use_gpu: bool = False,
@@ -23,7 +24,8 @@ def DistributedTrainableCreator(func: Callable[[dict[str, Any]], Any], use_gpu: 
                                 replicate_pem: bool = False) -> Any:
     """A Tune trainable running `func(config)` on `num_workers` Horovod workers per trial (with
     `num_hosts`: `num_workers` per host). Rank 0 reports metrics with `horovod.ray.report(dict)`."""
-    del replicate_pem  # Horovod's ssh key copying: Ray actors need no ssh
+    if replicate_pem:
+        warn_ignored("replicate_pem=True", NO_SSH)
     hosts_kwargs: dict[str, Any] = {"num_hosts": num_hosts, "num_workers_per_host": num_workers} \
         if num_hosts is not None else {"num_workers": num_workers}
     layout = Layout.of(num_workers if num_hosts is None else None, num_hosts, num_workers,

@@ -41,3 +41,19 @@ def test_layouts():
 def test_contradictions_are_refused(args, message):
     with pytest.raises(ValueError, match=message):
         Layout.of(*args)
+
+
+def test_horovod_options_that_mean_nothing_on_ray_say_so():
+    from horovod.ray import ElasticRayExecutor, RayExecutor
+    from horovod.ray.tune import DistributedTrainableCreator
+
+    with pytest.warns(UserWarning, match=r"ssh_identity_file/ssh_str has no effect here: Ray starts the workers"):
+        settings = RayExecutor.create_settings(ssh_identity_file="~/.ssh/id_rsa")
+    with pytest.warns(UserWarning, match=r"override_discovery=False has no effect here: hosts are always"):
+        RayExecutor(settings, num_workers=1, override_discovery=False)
+    with pytest.warns(UserWarning, match=r"ssh_identity_file has no effect here"):
+        elastic = ElasticRayExecutor.create_settings(ssh_identity_file="key")
+    with pytest.warns(UserWarning, match=r"override_discovery=False has no effect here"):
+        ElasticRayExecutor(elastic, override_discovery=False)
+    with pytest.warns(UserWarning, match=r"replicate_pem=True has no effect here"):
+        DistributedTrainableCreator(lambda config: None, replicate_pem=True)
