@@ -7,6 +7,7 @@ rendezvous store (scope `runfunc`), and each rank sends its return value back th
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import site
@@ -15,6 +16,8 @@ import warnings
 from typing import Any, Callable, Sequence
 
 import cloudpickle
+
+from horovod.runner.job import JobSpec
 
 __all__ = ["run"]
 
@@ -82,7 +85,6 @@ def run(
     """
     # Imported here so that `python -m horovod.runner.launch` does not find launch half-imported.
     from horovod.runner import launch
-    from horovod.runner.report import format_result
 
     num_proc = _deprecated("np", "num_proc", np, num_proc)
     min_num_proc = _deprecated("min_np", "min_num_proc", min_np, min_num_proc)
@@ -114,11 +116,29 @@ def run(
     hargs.nics = [nic.strip() for nic in network_interfaces or () if nic.strip()] or None
     launch.validate(hargs)
 
+    return run_function(hargs, function_job_spec(hargs, executable), func, args, kwargs)
+
+
+def function_job_spec(hargs: argparse.Namespace, executable: str | None = None) -> JobSpec:
+    """The job that runs a function on every slot of `hargs` (validated): `horovod.runner.run_task`
+    on each, importing the same `horovod` as this process."""
+    from horovod.runner import launch
+
     command = [executable or sys.executable, "-m", "horovod.runner.run_task"]
     spec = launch.plan_job(hargs, command)
     pythonpath = _pythonpath_with_horovod(os.environ.get("PYTHONPATH"))
     if pythonpath:
         spec = dataclasses.replace(spec, extra_env={**spec.extra_env, "PYTHONPATH": pythonpath})
+    return spec
+
+
+def run_function(hargs: argparse.Namespace, spec: JobSpec, func: Callable[..., Any],
+                 args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+    """Run the job `spec` with `func(*args, **kwargs)` on every rank; the results in rank order.
+
+    Shared by `horovod.run` and `horovod.spark.run` (which starts the same job in Spark tasks)."""
+    from horovod.runner import launch
+    from horovod.runner.report import format_result
 
     with launch.make_job(hargs, spec) as job:
         job.store.put("runfunc", "func", cloudpickle.dumps((func, tuple(args), dict(kwargs or {}))))

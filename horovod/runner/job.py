@@ -95,6 +95,9 @@ class JobSpec:
     failure_grace_seconds: float = 2.0
     start_timeout: float = 30.0
     failure_detection_seconds: float = DEFAULT_FAILURE_DETECTION_SECONDS
+    # The launcher of every worker, by registry name; None: by host (local here, ssh elsewhere).
+    launcher: str | None = None
+    launcher_options: Mapping[str, str] = field(default_factory=dict)
 
 
 class Interrupted(Exception):
@@ -119,6 +122,7 @@ class Job:
             command=spec.command, secret_hex=self._secret.hex(), cwd=os.getcwd(),
             launcher_env=self._base_env, output=spec.output, start_timeout=spec.start_timeout,
             ssh_port=spec.ssh_port, ssh_identity_file=spec.ssh_identity_file,
+            launcher_options=spec.launcher_options,
         )
         self._launchers: dict[str, Launcher] = {}  # by launcher name, built on first use
         self.store: RendezvousServer | None = None
@@ -152,7 +156,7 @@ class Job:
     # -- workers -----------------------------------------------------------------------------
     def _start(self, slot: SlotInfo) -> WorkerProcess:
         env = worker_env(self._base_env, self.spec.extra_env, slot, self.address, self.port)
-        name = launchers.default_name(slot.hostname)
+        name = self.spec.launcher or launchers.default_name(slot.hostname)
         if name not in self._launchers:
             self._launchers[name] = launchers.create(name, self._launch_context)
         return self._launchers[name].start(slot, env)

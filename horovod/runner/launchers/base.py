@@ -40,6 +40,9 @@ class LaunchContext:
     start_timeout: float = 30.0  # also bounds how long a remote connection may take
     ssh_port: int | None = None
     ssh_identity_file: str | None = None
+    # What a launcher that is not chosen by host needs besides (the Spark launcher: how to reach
+    # the tasks that host the workers); see `JobSpec.launcher`.
+    launcher_options: Mapping[str, str] = field(default_factory=dict)
 
 
 class WorkerProcess(Protocol):

@@ -13,6 +13,7 @@ from horovod.runner.launchers.base import LaunchContext, Launcher
 _FACTORIES: dict[str, str] = {
     "local": "horovod.runner.launchers.local:LocalLauncher",
     "ssh": "horovod.runner.launchers.ssh:SshLauncher",
+    "spark": "horovod.spark.launcher:SparkLauncher",
 }
 
 
