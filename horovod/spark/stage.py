@@ -68,7 +68,8 @@ class BarrierStage:
                 return {int(key): (self._store.get(control.TASKS, key) or b"").decode() for key in registered}
             if self.error is not None or not self._thread.is_alive():
                 raise RuntimeError(f"the Spark stage hosting the {self.num_proc} Horovod tasks failed before "
-                                   f"they all started: {_spark_message(self.error)}")
+                                   f"they all started (barrier mode starts them together, so the cluster needs "
+                                   f"{self.num_proc} free task slots at once): {_spark_message(self.error)}")
             if time.monotonic() > deadline:
                 self._sc.cancelJobGroup(self._group)
                 raise TimeoutError(
@@ -80,8 +81,11 @@ class BarrierStage:
 
 
 def _spark_message(error: BaseException | None) -> str:
-    """The first line of a Spark error that says something (Py4J errors carry a Java stack)."""
+    """What a Spark error says, without the Java stack a Py4J error carries."""
     if error is None:
         return "it ended without an error"
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    for line in lines:
+        if "Exception: " in line:
+            return line.split("Exception: ", 1)[1]
     return lines[0] if lines else type(error).__name__
