@@ -44,7 +44,7 @@ def start_spark(executors: int = 2, cores: int = 1, app: str = "khorovod-tests")
             .getOrCreate())
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
     session = start_spark()
     try:
