@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)
 
 torch = pytest.importorskip("torch")
 
@@ -32,7 +32,7 @@ def test_fit_transform_checkpoint_save_load(spark, tmp_path):
     estimator = TorchEstimator(num_proc=2, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.2),
                                loss=torch.nn.functional.mse_loss, feature_cols=["features"], label_cols=["y"],
                                batch_size=16, epochs=12, validation=0.2, store=store, random_seed=1,
-                               run_id="linear", verbose=0)
+                               run_id="linear", verbose=0, partitions_per_process=1)
     assert estimator.getBatchSize() == 16 and estimator.setEpochs(15).getEpochs() == 15
     df = _frame(spark)
     fitted = estimator.fit(df)

@@ -14,9 +14,10 @@ import json
 import math
 import posixpath
 import uuid
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import fsspec
+import pandas as pd
 from pyspark.ml import Estimator, Model
 from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
@@ -106,31 +107,31 @@ class HorovodModel(Model, ModelParams, MLWritable, MLReadable):
     def _transform(self, df: Any) -> Any:
         from pyspark.ml.functions import vector_to_array
         from pyspark.ml.linalg import VectorUDT
+        from pyspark.sql.functions import pandas_udf
         from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
 
         features, outputs = list(self.getOrDefault("feature_columns")), self.output_columns()
         shapes = self.getOrDefault("_metadata")["output_shapes"]
         if len(shapes) != len(outputs):
             raise ValueError(f"the model has {len(shapes)} outputs but output_cols names {len(outputs)}")
-        types = {field.name: field.dataType for field in df.schema.fields}
-        inputs = [f"__hvd_input_{i}" for i in range(len(features))]
-        staged = df.select("*", *[(vector_to_array(col) if isinstance(types.get(col), VectorUDT) else df[col])
-                                  .alias(name) for col, name in zip(features, inputs)])
-        schema = StructType(list(df.schema.fields) + [
-            StructField(name, DoubleType() if math.prod(shape) <= 1 else ArrayType(DoubleType()))
-            for name, shape in zip(outputs, shapes)])
+        scalar = [math.prod(shape) <= 1 for shape in shapes]
+        schema = StructType([StructField(name, DoubleType() if one else ArrayType(DoubleType()))
+                             for name, one in zip(outputs, scalar)])
         predict = self._predict_fn()
 
-        def apply(batches: Iterator[Any]) -> Iterator[Any]:
-            for pdf in batches:
-                results = predict([column_array(pdf[name].tolist()) for name in inputs]) if len(pdf) else []
-                pdf = pdf.drop(columns=inputs)
-                for name, shape, values in zip(outputs, shapes, results):
-                    flat = values.reshape(len(pdf), -1).astype(float)
-                    pdf[name] = flat[:, 0] if math.prod(shape) <= 1 else list(flat)
-                yield pdf
+        def apply(*columns: pd.Series) -> pd.DataFrame:
+            results = predict([column_array(column.tolist()) for column in columns])
+            frame = {}
+            for name, one, values in zip(outputs, scalar, results):
+                flat = values.reshape(len(columns[0]), -1).astype(float)
+                frame[name] = flat[:, 0] if one else list(flat)
+            return pd.DataFrame(frame, index=columns[0].index)
 
-        return staged.mapInPandas(apply, schema)
+        types = {field.name: field.dataType for field in df.schema.fields}
+        inputs = [vector_to_array(df[col]) if isinstance(types.get(col), VectorUDT) else df[col] for col in features]
+        packed = "__hvd_outputs"
+        return (df.withColumn(packed, pandas_udf(apply, schema)(*inputs))
+                .select("*", f"{packed}.*").drop(packed))
 
     def _predict_fn(self) -> Callable[[list[Any]], list[Any]]:
         raise NotImplementedError
