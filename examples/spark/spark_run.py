@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 
 def train(steps: int) -> dict:
@@ -51,6 +52,7 @@ if __name__ == "__main__":
     parser.add_argument("--master", default="local-cluster[2,1,1024]")
     args = parser.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the executors' Python: this one
     from pyspark.sql import SparkSession
 
     session = (SparkSession.builder.master(args.master).appName("horovod.spark.run example")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 
 def main(spark: object, num_proc: int, store_path: str, epochs: int) -> float:
@@ -49,6 +50,7 @@ if __name__ == "__main__":
     parser.add_argument("--master", default="local-cluster[2,1,1024]")
     args = parser.parse_args()
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the executors' Python: this one
     from pyspark.sql import SparkSession
 
     session = (SparkSession.builder.master(args.master).appName("TorchEstimator example")

@@ -28,8 +28,8 @@ def test_launchers_are_built_by_name():
     ctx = context("true")
     assert isinstance(launchers.create("local", ctx), LocalLauncher)
     assert isinstance(launchers.create("ssh", ctx), SshLauncher)
-    assert registry.names() == ["local", "ssh"]
-    with pytest.raises(ValueError, match="unknown launcher 'carrier-pigeon'; choose one of: local, ssh"):
+    assert {"local", "ssh", "spark"} <= set(registry.names())
+    with pytest.raises(ValueError, match="unknown launcher 'carrier-pigeon'; choose one of: local, "):
         launchers.create("carrier-pigeon", ctx)
 
 
