@@ -14,6 +14,7 @@ import json
 import math
 import posixpath
 import uuid
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import fsspec
@@ -27,6 +28,25 @@ from horovod.spark.common.store import FilesystemStore
 
 #: What a rank's training function returns on rank 0 (others return None).
 TrainResult = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """What every framework's training function needs besides the model, as plain values (the
+    estimator itself stays on the driver)."""
+
+    store: FilesystemStore
+    run_id: str
+    data: PreparedData
+    feature_cols: Sequence[str]
+    label_cols: Sequence[str]
+    batch_size: int
+    val_batch_size: int
+    epochs: int
+    steps: tuple[int, int]  # (training, validation) batches per epoch and rank
+    shuffle: bool
+    seed: int | None
+    verbose: int
 
 _SAVED_PARAMS = ("history", "feature_columns", "label_columns", "output_cols", "run_id", "_metadata")
 
@@ -73,14 +93,19 @@ class HorovodEstimator(Estimator, EstimatorParams):
         results = horovod.spark.run(trainer, num_proc=num_proc, verbose=self.getOrDefault("verbose"))
         return self._create_model(results[0], run_id, data)
 
-    def steps(self, data: PreparedData, num_proc: int) -> tuple[int, int]:
-        """(training, validation) batches per epoch and rank: the same on every rank."""
+    def plan(self, data: PreparedData, run_id: str, num_proc: int) -> TrainingPlan:
+        """The run's plan; the batches per epoch are the same on every rank (each is a collective)."""
         batch = int(self.getOrDefault("batch_size"))
         val_batch = int(self.getOrDefault("val_batch_size") or batch)
         train = self.getOrDefault("train_steps_per_epoch") or math.ceil(data.train_rows / (batch * num_proc))
         val = self.getOrDefault("validation_steps_per_epoch") or (
             math.ceil(data.val_rows / (val_batch * num_proc)) if data.val_rows >= num_proc else 0)
-        return int(train), int(val)
+        return TrainingPlan(
+            store=self.getOrDefault("store"), run_id=run_id, data=data,
+            feature_cols=list(self.getOrDefault("feature_cols")), label_cols=list(self.getOrDefault("label_cols")),
+            batch_size=batch, val_batch_size=val_batch, epochs=int(self.getOrDefault("epochs")),
+            steps=(int(train), int(val)), shuffle=bool(self.getOrDefault("shuffle")),
+            seed=self.getOrDefault("random_seed"), verbose=int(self.getOrDefault("verbose")))
 
     def _remote_trainer(self, data: PreparedData, run_id: str, num_proc: int) -> Callable[[], TrainResult | None]:
         raise NotImplementedError

@@ -17,8 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from horovod.spark.common.data import PreparedData, epoch_batches, read_shard
-from horovod.spark.common.estimator import HorovodEstimator, HorovodModel, TrainResult
-from horovod.spark.common.store import FilesystemStore
+from horovod.spark.common.estimator import HorovodEstimator, HorovodModel, TrainingPlan, TrainResult
 
 
 def model_to_bytes(model: Any) -> bytes:
@@ -51,18 +50,7 @@ class _TrainConfig:
     loss: Any
     metrics: Sequence[Any]
     callbacks: Sequence[Any]
-    store: FilesystemStore
-    run_id: str
-    data: PreparedData
-    feature_cols: Sequence[str]
-    label_cols: Sequence[str]
-    batch_size: int
-    val_batch_size: int
-    epochs: int
-    steps: tuple[int, int]
-    shuffle: bool
-    seed: int | None
-    verbose: int
+    plan: TrainingPlan
 
 
 def _inputs(arrays: dict[str, np.ndarray], cols: Sequence[str], index: np.ndarray) -> Any:
@@ -70,12 +58,12 @@ def _inputs(arrays: dict[str, np.ndarray], cols: Sequence[str], index: np.ndarra
     return values[0] if len(values) == 1 else tuple(values)
 
 
-def _batches(arrays: dict[str, np.ndarray], config: _TrainConfig, batch_size: int, steps: int, shuffle: bool,
+def _batches(arrays: dict[str, np.ndarray], plan: TrainingPlan, batch_size: int, steps: int, shuffle: bool,
              rng: np.random.Generator) -> Iterator[tuple[Any, Any]]:
-    rows = len(arrays[config.feature_cols[0]])
+    rows = len(arrays[plan.feature_cols[0]])
     while True:
         for index in epoch_batches(rows, batch_size, steps, shuffle, rng):
-            yield _inputs(arrays, config.feature_cols, index), _inputs(arrays, config.label_cols, index)
+            yield _inputs(arrays, plan.feature_cols, index), _inputs(arrays, plan.label_cols, index)
 
 
 def _train(config: _TrainConfig) -> TrainResult | None:
@@ -83,22 +71,23 @@ def _train(config: _TrainConfig) -> TrainResult | None:
 
     import horovod.keras as hvd
 
+    plan = config.plan
     hvd.init()
     try:
-        if config.seed is not None:
-            keras.utils.set_random_seed(config.seed)
+        if plan.seed is not None:
+            keras.utils.set_random_seed(plan.seed)
         model = model_from_bytes(config.model, compile=False)
         optimizer = hvd.DistributedOptimizer(keras.optimizers.deserialize(config.optimizer))
         model.compile(optimizer=optimizer, loss=config.loss, metrics=list(config.metrics))
-        columns = [*config.feature_cols, *config.label_cols]
-        train = read_shard(config.store, config.data.train_path, columns, hvd.rank(), hvd.size())
-        rng = np.random.default_rng(None if config.seed is None else config.seed + hvd.rank())
+        columns = [*plan.feature_cols, *plan.label_cols]
+        train = read_shard(plan.store, plan.data.train_path, columns, hvd.rank(), hvd.size())
+        rng = np.random.default_rng(None if plan.seed is None else plan.seed + hvd.rank())
         validation: dict[str, Any] = {}
-        if config.data.val_path and config.steps[1]:
-            val = read_shard(config.store, config.data.val_path, columns, hvd.rank(), hvd.size())
-            validation = {"validation_data": _batches(val, config, config.val_batch_size, config.steps[1], False, rng),
-                          "validation_steps": config.steps[1]}
-        store, checkpoint = config.store, config.store.get_checkpoint_path(config.run_id)
+        if plan.data.val_path and plan.steps[1]:
+            val = read_shard(plan.store, plan.data.val_path, columns, hvd.rank(), hvd.size())
+            validation = {"validation_data": _batches(val, plan, plan.val_batch_size, plan.steps[1], False, rng),
+                          "validation_steps": plan.steps[1]}
+        store, checkpoint = plan.store, plan.store.get_checkpoint_path(plan.run_id)
 
         class _Checkpoint(keras.callbacks.Callback):
             def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
@@ -106,9 +95,9 @@ def _train(config: _TrainConfig) -> TrainResult | None:
 
         callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
                      *config.callbacks, *([_Checkpoint()] if hvd.rank() == 0 else [])]
-        history = model.fit(_batches(train, config, config.batch_size, config.steps[0], config.shuffle, rng),
-                            steps_per_epoch=config.steps[0], epochs=config.epochs, callbacks=callbacks,
-                            verbose=2 if config.verbose and hvd.rank() == 0 else 0, shuffle=False, **validation)
+        history = model.fit(_batches(train, plan, plan.batch_size, plan.steps[0], plan.shuffle, rng),
+                            steps_per_epoch=plan.steps[0], epochs=plan.epochs, callbacks=callbacks,
+                            verbose=2 if plan.verbose and hvd.rank() == 0 else 0, shuffle=False, **validation)
         if hvd.rank() != 0:
             return None
         outputs = model.outputs
@@ -128,17 +117,11 @@ class KerasEstimator(HorovodEstimator):
     def _remote_trainer(self, data: PreparedData, run_id: str, num_proc: int) -> Callable[[], TrainResult | None]:
         import keras
 
-        batch = int(self.getOrDefault("batch_size"))
         config = _TrainConfig(
             model=model_to_bytes(self.getOrDefault("model")),
             optimizer=keras.optimizers.serialize(self._required("optimizer")), loss=self._required("loss"),
             metrics=list(self.getOrDefault("metrics") or []), callbacks=list(self.getOrDefault("callbacks") or []),
-            store=self.getOrDefault("store"), run_id=run_id, data=data,
-            feature_cols=list(self.getOrDefault("feature_cols")), label_cols=list(self.getOrDefault("label_cols")),
-            batch_size=batch, val_batch_size=int(self.getOrDefault("val_batch_size") or batch),
-            epochs=int(self.getOrDefault("epochs")), steps=self.steps(data, num_proc),
-            shuffle=bool(self.getOrDefault("shuffle")), seed=self.getOrDefault("random_seed"),
-            verbose=int(self.getOrDefault("verbose")))
+            plan=self.plan(data, run_id, num_proc))
         return lambda: _train(config)
 
     def _create_model(self, result: TrainResult, run_id: str, data: PreparedData) -> "KerasModel":

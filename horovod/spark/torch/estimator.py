@@ -19,13 +19,12 @@ import cloudpickle
 import numpy as np
 
 from horovod.spark.common.data import PreparedData, epoch_batches, read_shard
-from horovod.spark.common.estimator import HorovodEstimator, HorovodModel, TrainResult
-from horovod.spark.common.store import FilesystemStore
+from horovod.spark.common.estimator import HorovodEstimator, HorovodModel, TrainingPlan, TrainResult
 
 
 @dataclass(frozen=True)
 class _TrainConfig:
-    """Everything a rank needs, as plain values (the estimator itself stays on the driver)."""
+    """What a PyTorch rank needs besides the plan."""
 
     model: bytes
     optimizer_cls: type
@@ -34,18 +33,7 @@ class _TrainConfig:
     loss: Any
     metrics: Sequence[Callable[..., Any]]
     compression: Any
-    store: FilesystemStore
-    run_id: str
-    data: PreparedData
-    feature_cols: Sequence[str]
-    label_cols: Sequence[str]
-    batch_size: int
-    val_batch_size: int
-    epochs: int
-    steps: tuple[int, int]
-    shuffle: bool
-    seed: int | None
-    verbose: int
+    plan: TrainingPlan
 
 
 def _loss(loss: Any, outputs: Any, labels: list[Any]) -> Any:
@@ -69,10 +57,11 @@ def _train(config: _TrainConfig) -> TrainResult | None:
 
     import horovod.torch as hvd
 
+    plan = config.plan
     hvd.init()
     try:
-        if config.seed is not None:
-            torch.manual_seed(config.seed)
+        if plan.seed is not None:
+            torch.manual_seed(plan.seed)
         model = cloudpickle.loads(config.model)
         optimizer = config.optimizer_cls(model.parameters(), **config.optimizer_defaults)
         optimizer.load_state_dict(config.optimizer_state)
@@ -80,50 +69,50 @@ def _train(config: _TrainConfig) -> TrainResult | None:
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              compression=config.compression or hvd.Compression.none)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        columns = [*config.feature_cols, *config.label_cols]
-        train = read_shard(config.store, config.data.train_path, columns, hvd.rank(), hvd.size())
-        val = (read_shard(config.store, config.data.val_path, columns, hvd.rank(), hvd.size())
-               if config.data.val_path and config.steps[1] else None)
-        rng = np.random.default_rng(None if config.seed is None else config.seed + hvd.rank())
+        columns = [*plan.feature_cols, *plan.label_cols]
+        train = read_shard(plan.store, plan.data.train_path, columns, hvd.rank(), hvd.size())
+        val = (read_shard(plan.store, plan.data.val_path, columns, hvd.rank(), hvd.size())
+               if plan.data.val_path and plan.steps[1] else None)
+        rng = np.random.default_rng(None if plan.seed is None else plan.seed + hvd.rank())
         history: dict[str, list[float]] = {}
 
         def record(name: str, value: float) -> None:
             history.setdefault(name, []).append(hvd.allreduce(torch.tensor(value), name=name).item())
 
-        for epoch in range(config.epochs):
+        for epoch in range(plan.epochs):
             model.train()
             totals = np.zeros(1 + len(config.metrics))
-            rows = len(train[config.feature_cols[0]])
-            for index in epoch_batches(rows, config.batch_size, config.steps[0], config.shuffle, rng):
+            rows = len(train[plan.feature_cols[0]])
+            for index in epoch_batches(rows, plan.batch_size, plan.steps[0], plan.shuffle, rng):
                 optimizer.zero_grad()
-                labels = _batches(torch, train, config.label_cols, index)
-                outputs = model(*_batches(torch, train, config.feature_cols, index))
+                labels = _batches(torch, train, plan.label_cols, index)
+                outputs = model(*_batches(torch, train, plan.feature_cols, index))
                 loss = _loss(config.loss, outputs, labels)
                 loss.backward()
                 optimizer.step()
                 totals += [loss.item(), *(float(m(outputs, labels[0])) for m in config.metrics)]
             for name, total in zip(["loss", *(m.__name__ for m in config.metrics)], totals):
-                record(name, total / config.steps[0])
+                record(name, total / plan.steps[0])
             if val is not None:
                 model.eval()
-                val_total, val_rows = 0.0, len(val[config.feature_cols[0]])
+                val_total, val_rows = 0.0, len(val[plan.feature_cols[0]])
                 with torch.no_grad():
-                    for index in epoch_batches(val_rows, config.val_batch_size, config.steps[1], False, rng):
-                        outputs = model(*_batches(torch, val, config.feature_cols, index))
-                        val_total += _loss(config.loss, outputs, _batches(torch, val, config.label_cols, index)).item()
-                record("val_loss", val_total / config.steps[1])
+                    for index in epoch_batches(val_rows, plan.val_batch_size, plan.steps[1], False, rng):
+                        outputs = model(*_batches(torch, val, plan.feature_cols, index))
+                        val_total += _loss(config.loss, outputs, _batches(torch, val, plan.label_cols, index)).item()
+                record("val_loss", val_total / plan.steps[1])
             if hvd.rank() == 0:
                 buffer = io.BytesIO()
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}, buffer)
-                config.store.write(config.store.get_checkpoint_path(config.run_id), buffer.getvalue())
-                if config.verbose:
-                    print(f"epoch {epoch + 1}/{config.epochs}: " +
+                plan.store.write(plan.store.get_checkpoint_path(plan.run_id), buffer.getvalue())
+                if plan.verbose:
+                    print(f"epoch {epoch + 1}/{plan.epochs}: " +
                           ", ".join(f"{k}={v[-1]:.4f}" for k, v in history.items()), flush=True)
         if hvd.rank() != 0:
             return None
         model.eval()
         with torch.no_grad():
-            outputs = model(*_batches(torch, train, config.feature_cols, np.arange(1)))
+            outputs = model(*_batches(torch, train, plan.feature_cols, np.arange(1)))
         outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
         return {"history": history, "model": cloudpickle.dumps(model),
                 "output_shapes": [tuple(output.shape[1:]) for output in outputs]}
@@ -145,13 +134,7 @@ class TorchEstimator(HorovodEstimator):
             model=cloudpickle.dumps(self.getOrDefault("model")), optimizer_cls=type(optimizer),
             optimizer_defaults=dict(optimizer.defaults), optimizer_state=optimizer.state_dict(),
             loss=self._required("loss"), metrics=list(self.getOrDefault("metrics") or []),
-            compression=self.getOrDefault("gradient_compression"), store=self.getOrDefault("store"),
-            run_id=run_id, data=data, feature_cols=list(self.getOrDefault("feature_cols")),
-            label_cols=list(self.getOrDefault("label_cols")), batch_size=int(self.getOrDefault("batch_size")),
-            val_batch_size=int(self.getOrDefault("val_batch_size") or self.getOrDefault("batch_size")),
-            epochs=int(self.getOrDefault("epochs")), steps=self.steps(data, num_proc),
-            shuffle=bool(self.getOrDefault("shuffle")), seed=self.getOrDefault("random_seed"),
-            verbose=int(self.getOrDefault("verbose")))
+            compression=self.getOrDefault("gradient_compression"), plan=self.plan(data, run_id, num_proc))
         return lambda: _train(config)
 
     def _create_model(self, result: TrainResult, run_id: str, data: PreparedData) -> "TorchModel":
