@@ -145,7 +145,8 @@ class FilesystemStore(Store):
         """The Parquet data at `path` as a `pyarrow.dataset.Dataset` (read lazily)."""
         import pyarrow.dataset as ds
 
-        return ds.dataset(path, format="parquet",
+        # pyarrow wants the path as the file system names it (fsspec's methods take either form).
+        return ds.dataset(fsspec.core.strip_protocol(path), format="parquet",
                           filesystem=self.fs, exclude_invalid_files=True)
 
     def delete(self, path: str) -> None:
