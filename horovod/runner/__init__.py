@@ -13,11 +13,12 @@ import os
 import site
 import sys
 import warnings
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import cloudpickle
 
-from horovod.runner.job import JobSpec
+if TYPE_CHECKING:
+    from horovod.runner.job import JobSpec
 
 __all__ = ["run"]
 
