@@ -73,3 +73,18 @@ def test_estimator_errors_are_clear(spark, tmp_path):
     estimator.setFeatureCols(["nope"])
     with pytest.raises(ValueError, match="no column 'nope'"):
         estimator.fit(_frame(spark, 8))
+
+
+def test_parameters_not_applied_are_refused_not_ignored(spark, tmp_path):
+    from horovod.spark.common.store import Store
+    from horovod.spark.torch import TorchEstimator
+
+    model = torch.nn.Linear(2, 1)
+    estimator = TorchEstimator(num_proc=2, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                               loss=torch.nn.functional.mse_loss, feature_cols=["features"], label_cols=["y"],
+                               store=Store.create(str(tmp_path)), transformation_fn=lambda pdf: pdf)
+    with pytest.raises(NotImplementedError, match="transformation_fn= is not supported"):
+        estimator.fit(_frame(spark, 8))
+    estimator.setTransformationFn(None).setCallbacks([object()])
+    with pytest.raises(NotImplementedError, match="callbacks= is not supported"):
+        estimator.fit(_frame(spark, 8))

@@ -54,6 +54,9 @@ _SAVED_PARAMS = ("history", "feature_columns", "label_columns", "output_cols", "
 class HorovodEstimator(Estimator, EstimatorParams):
     """The framework-independent half of `TorchEstimator` and `KerasEstimator`."""
 
+    #: Parameters this framework's training does not apply: refused rather than ignored.
+    _unsupported: tuple[str, ...] = ()
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
         self._estimator_defaults()
@@ -80,8 +83,9 @@ class HorovodEstimator(Estimator, EstimatorParams):
             raise TypeError(f"store= must be a horovod.spark.common.store.Store, got {type(store).__name__}")
         self._required("model")
         feature_cols, label_cols = list(self._required("feature_cols")), list(self._required("label_cols"))
-        if self.getOrDefault("sample_weight_col") is not None:
-            raise NotImplementedError("sample_weight_col is not supported by this estimator")
+        for name in ("sample_weight_col", "transformation_fn", *self._unsupported):
+            if self.getOrDefault(name) not in (None, []):
+                raise NotImplementedError(f"{type(self).__name__}: {name}= is not supported here yet")
         num_proc = self.getOrDefault("num_proc") or df.sparkSession.sparkContext.defaultParallelism
         run_id = self.getOrDefault("run_id") or f"{type(self).__name__.lower()}_{uuid.uuid4().hex[:12]}"
         data = prepare_data(df, store, run_id, feature_cols, label_cols, self.getOrDefault("validation"),

@@ -58,8 +58,8 @@ class EstimatorParams(_Accessors):
     run_id = _param("run_id", "the run's directory in the store; default: a new one per fit")
     train_steps_per_epoch = _param("train_steps_per_epoch", "batches per epoch; default: rows / (batch_size * num_proc)")
     validation_steps_per_epoch = _param("validation_steps_per_epoch", "validation batches per epoch")
-    transformation_fn = _param("transformation_fn", "a function applied to each rank's pandas rows before training")
-    sample_weight_col = _param("sample_weight_col", "a column of per-row loss weights (not supported here)")
+    transformation_fn = _param("transformation_fn", "not supported here (refused)")
+    sample_weight_col = _param("sample_weight_col", "not supported here (refused)")
     gradient_compression = _param("gradient_compression", "hvd.Compression for the gradients")
 
     def _estimator_defaults(self) -> None:

@@ -114,6 +114,8 @@ class KerasEstimator(HorovodEstimator):
     are what `model.compile` takes; `callbacks` run on every rank after Horovod's own.
     """
 
+    _unsupported = ("gradient_compression",)
+
     def _remote_trainer(self, data: PreparedData, run_id: str, num_proc: int) -> Callable[[], TrainResult | None]:
         import keras
 

@@ -128,6 +128,8 @@ class TorchEstimator(HorovodEstimator):
     `loss(outputs, labels)` (or one per output); `metrics` callables `metric(outputs, labels)`.
     """
 
+    _unsupported = ("callbacks",)
+
     def _remote_trainer(self, data: PreparedData, run_id: str, num_proc: int) -> Callable[[], TrainResult | None]:
         optimizer = self._required("optimizer")
         config = _TrainConfig(
