@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-EXTRAS=${1:-torch,tensorflow,jax,mpi,examples,test,autotune,ray}
+EXTRAS=${1:-torch,tensorflow,jax,mpi,examples,test,autotune,ray,spark}
 STAMP="$VENV/.khorovod-extras"
 if [ ! -x "$VENV/bin/python" ]; then
     echo "setup-venv: creating $VENV" >&2
@@ -36,6 +36,8 @@ fi
 if [[ ",$EXTRAS," == *",test,"* ]]; then
     # Slurm (for tests/slurm) comes from the system's packages; only root can install them.
     bash scripts/setup-slurm.sh >&2
+    # Spark (for tests/spark) needs a Java runtime.
+    bash scripts/setup-java.sh >&2
     # MPICH's wheel conflicts with Open MPI's in one environment: tests/mpi run it from its own,
     # beside this one (numpy and khorovod only).
     if ! "$VENV-mpich/bin/python" -c "import mpi4py, horovod" 2>/dev/null; then

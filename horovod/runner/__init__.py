@@ -7,6 +7,7 @@ rendezvous store (scope `runfunc`), and each rank sends its return value back th
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import site
@@ -17,9 +18,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import cloudpickle
 
 if TYPE_CHECKING:
-    from horovod.runner.job import Job
+    from horovod.runner.job import Job, JobSpec
 
-__all__ = ["run", "run_function"]
+__all__ = ["run", "run_function", "run_spec"]
 
 
 def _deprecated(old: str, new: str, old_value: Any, new_value: Any) -> Any:
@@ -116,11 +117,28 @@ def run(
     hargs.nics = [nic.strip() for nic in network_interfaces or () if nic.strip()] or None
     launch.validate(hargs)
 
+    return run_spec(hargs, function_job_spec(hargs, executable), func, args, kwargs)
+
+
+def function_job_spec(hargs: argparse.Namespace, executable: str | None = None) -> JobSpec:
+    """The job that runs a function on every slot of `hargs` (validated): `horovod.runner.run_task`
+    on each, importing the same `horovod` as this process."""
+    from horovod.runner import launch
+
     command = [executable or sys.executable, "-m", "horovod.runner.run_task"]
     spec = launch.plan_job(hargs, command)
     pythonpath = _pythonpath_with_horovod(os.environ.get("PYTHONPATH"))
     if pythonpath:
         spec = dataclasses.replace(spec, extra_env={**spec.extra_env, "PYTHONPATH": pythonpath})
+    return spec
+
+
+def run_spec(hargs: argparse.Namespace, spec: JobSpec, func: Callable[..., Any],
+             args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+    """Start the job `spec` and run `func(*args, **kwargs)` on every rank; the results in rank order.
+
+    Shared by `horovod.run` and `horovod.spark.run` (which starts the same job in Spark tasks)."""
+    from horovod.runner import launch
 
     with launch.make_job(hargs, spec) as job:
         return run_function(job, func, args, kwargs)

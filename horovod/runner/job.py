@@ -96,6 +96,8 @@ class JobSpec:
     store_address: str | None = None
     # What each worker reserves where its launcher schedules it (Ray: {"CPU": 1, "GPU": 0}).
     worker_resources: Mapping[str, float] = field(default_factory=dict)
+    # What a launcher that is not chosen by host needs besides (Spark: how to reach its tasks).
+    launcher_options: Mapping[str, str] = field(default_factory=dict)
 
 
 class Interrupted(Exception):
@@ -120,6 +122,7 @@ class Job:
             launcher_env=self._base_env, output=spec.output, start_timeout=spec.start_timeout,
             ssh_port=spec.ssh_port, ssh_identity_file=spec.ssh_identity_file,
             resources=spec.worker_resources,
+            launcher_options=spec.launcher_options,
         )
         self._launchers: dict[str, Launcher] = {}  # by launcher name, built on first use
         self.store: RendezvousServer | None = None

@@ -41,6 +41,9 @@ class LaunchContext:
     ssh_port: int | None = None
     ssh_identity_file: str | None = None
     resources: Mapping[str, float] = field(default_factory=dict)  # each worker's reservation (Ray)
+    # What a launcher that is not chosen by host needs besides (the Spark launcher: how to reach
+    # the tasks that host the workers); see `JobSpec.launcher`.
+    launcher_options: Mapping[str, str] = field(default_factory=dict)
 
 
 class WorkerProcess(Protocol):

@@ -29,6 +29,19 @@ def rank_output_dir(output_dir: str, rank: int, size: int) -> str:
     return os.path.join(output_dir, f"rank.{rank:0{len(str(size - 1))}d}")
 
 
+def forward_line(rank: int, name: str, line: str, output: OutputOptions) -> None:
+    """Show one line (ending in a newline) that rank `rank` wrote to `name` ("stdout"/"stderr") on
+    our own stream of that name, prefixed `[rank]<name>:` as Horovod does."""
+    stamp = time.asctime() if output.prefix_timestamp else ""
+    with _console_lock:
+        try:
+            stream = getattr(sys, name)  # looked up late: callers may redirect it
+            stream.write(f"{stamp}[{rank}]<{name}>:{line}")
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # our console is gone (closed pipe); keep draining the worker
+
+
 class ProcessWorker:
     """One launched process (a local worker, or the ssh client of a remote one) and its output.
 
@@ -109,7 +122,6 @@ class ProcessWorker:
 
     def _pump(self, pipe: IO[bytes], name: str, file: IO[bytes] | None) -> None:
         """Copy one pipe line by line to our own stdout/stderr (and the rank's file)."""
-        prefix = f"[{self.slot.rank}]<{name}>:"
         try:
             for raw in iter(pipe.readline, b""):
                 line = raw.decode("utf-8", errors="replace")
@@ -117,14 +129,7 @@ class ProcessWorker:
                     line += "\n"
                 if name == "stderr":
                     self._stderr_tail.append(line[:-1])
-                stamp = time.asctime() if self._output.prefix_timestamp else ""
-                with _console_lock:
-                    try:
-                        stream = getattr(sys, name)  # looked up late: callers may redirect it
-                        stream.write(stamp + prefix + line)
-                        stream.flush()
-                    except (OSError, ValueError):
-                        pass  # our console is gone (closed pipe); keep draining the worker
+                forward_line(self.slot.rank, name, line, self._output)
                 if file is not None:
                     file.write(raw)
                     file.flush()

@@ -14,6 +14,7 @@ _FACTORIES: dict[str, str] = {
     "local": "horovod.runner.launchers.local:LocalLauncher",
     "ssh": "horovod.runner.launchers.ssh:SshLauncher",
     "ray": "horovod.ray.launcher:RayLauncher",  # a Ray actor on the node named by the slot's host
+    "spark": "horovod.spark.launcher:SparkLauncher",
 }
 
 

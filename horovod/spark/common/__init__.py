@@ -1,0 +1,1 @@
+"""What the Spark estimators share: the store, the parameters, the data path and the base classes."""

@@ -1,0 +1,121 @@
+"""`horovod.spark.run`: run a function as a Horovod job whose ranks live in Spark tasks.
+
+The flow: the driver serves a control store (`horovod.spark.control`) and submits one barrier
+stage of `num_proc` tasks (`horovod.spark.stage`); barrier mode schedules them all together or
+none. Each task registers its host; the driver gives the ranks to the hosts in the order the
+tasks came (local ranks by task index within a host) and runs the very job `horovod.run` runs
+(`horovod.runner.run_spec`): same rendezvous store, same worker (`horovod.runner.run_task`),
+same failure policy and report, with the `spark` launcher starting each worker in its task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import socket
+import sys
+from typing import IO, Any, Callable, Iterator, Sequence
+
+from horovod.common import wire
+from horovod.common.rendezvous import RendezvousServer
+from horovod.common.settings import env_float
+from horovod.runner import function_job_spec, launch, run_spec
+from horovod.runner.launchers import OutputOptions
+from horovod.spark.control import ControlAddress
+from horovod.spark.stage import BarrierStage
+
+_DEFAULT_START_TIMEOUT = 600.0  # Horovod's HOROVOD_SPARK_START_TIMEOUT default
+
+
+def _active_spark_context() -> Any:
+    from pyspark import SparkContext
+
+    sc = SparkContext._active_spark_context
+    if sc is None:
+        raise RuntimeError("horovod.spark.run needs an active Spark session: create one first "
+                           "(SparkSession.builder...getOrCreate())")
+    return sc
+
+
+def placement(hosts: dict[int, str]) -> dict[str, list[int]]:
+    """Task indices per host, hosts in the order of their first task: local rank i of a host is
+    its i-th task."""
+    by_host: dict[str, list[int]] = {}
+    for index in sorted(hosts):
+        by_host.setdefault(hosts[index], []).append(index)
+    return by_host
+
+
+@contextlib.contextmanager
+def _redirected(stdout: IO[str] | None, stderr: IO[str] | None) -> Iterator[None]:
+    """Show the workers' output on the given streams for the duration of the run."""
+    with contextlib.ExitStack() as stack:
+        if stdout is not None:
+            stack.enter_context(contextlib.redirect_stdout(stdout))
+        if stderr is not None:
+            stack.enter_context(contextlib.redirect_stderr(stderr))
+        yield
+
+
+def run(
+    fn: Callable[..., Any],
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    num_proc: int | None = None,
+    start_timeout: float | None = None,
+    use_mpi: bool | None = None,
+    use_gloo: bool | None = None,
+    extra_mpi_args: str | None = None,
+    env: dict[str, str] | None = None,
+    stdout: IO[str] | None = None,
+    stderr: IO[str] | None = None,
+    verbose: int = 1,
+    nics: Sequence[str] | None = None,
+    prefix_output_with_timestamp: bool = False,
+    executable: str | None = None,
+) -> list[Any]:
+    """Run `fn(*args, **kwargs)` on `num_proc` Spark tasks as one Horovod job; results by rank.
+
+    `num_proc` defaults to the Spark context's default parallelism. `hvd.init()` works inside
+    `fn`. A failing rank fails the call with RuntimeError naming its rank, host and traceback.
+    `env` adds variables to the workers' environment (on top of the driver's); `stdout`/`stderr`
+    receive the workers' `[rank]<stdout>:` lines (default: this process's). `verbose >= 2` tells
+    how the ranks were placed. `start_timeout` (default `HOROVOD_SPARK_START_TIMEOUT`, else 600 s)
+    bounds how long the tasks may take to start together: too few free task slots is an error.
+    """
+    if use_mpi:
+        raise NotImplementedError("horovod.spark.run(use_mpi=True) is not available: the workers run through "
+                                  "our own launcher in Spark tasks (the Gloo path); leave use_mpi unset")
+    if extra_mpi_args:
+        raise ValueError("extra_mpi_args only applies with use_mpi=True, which is not available here")
+    sc = _active_spark_context()
+    num_proc = sc.defaultParallelism if num_proc is None else num_proc
+    if num_proc < 1:
+        raise ValueError(f"num_proc must be at least 1, got {num_proc}")
+    if start_timeout is None:
+        start_timeout = env_float(os.environ, "HOROVOD_SPARK_START_TIMEOUT", _DEFAULT_START_TIMEOUT)
+    driver_host = socket.gethostbyname(sc.getConf().get("spark.driver.host", "127.0.0.1"))
+    secret = wire.new_secret_key()
+    store = RendezvousServer(secret, driver_host)
+    address = ControlAddress(driver_host, store.start(), secret.hex())
+    try:
+        with BarrierStage(sc, num_proc, store, address, start_timeout) as stage, _redirected(stdout, stderr):
+            by_host = placement(stage.wait_registered())
+            hargs = launch.default_args()
+            hargs.num_proc, hargs.start_timeout, hargs.verbose = num_proc, start_timeout, verbose >= 2
+            hargs.hosts = ",".join(f"{host}:{len(tasks)}" for host, tasks in by_host.items())
+            hargs.prefix_output_with_timestamp = prefix_output_with_timestamp
+            hargs.nics = list(nics) if nics else None
+            launch.validate(hargs)
+            spec = function_job_spec(hargs, executable)
+            spec = dataclasses.replace(
+                spec, launcher="spark", extra_env={**spec.extra_env, **(env or {})},
+                launcher_options={**address.as_options(), "placement": json.dumps(by_host)},
+                output=OutputOptions(prefix_timestamp=prefix_output_with_timestamp))
+            if verbose >= 2:
+                print(f"horovod.spark.run: {num_proc} ranks on {by_host}", file=sys.stderr, flush=True)
+            return run_spec(hargs, spec, fn, args, kwargs)
+    finally:
+        store.stop()

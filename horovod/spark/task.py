@@ -1,0 +1,119 @@
+"""The executor side of `horovod.spark.run`: one barrier task hosts one Horovod worker process.
+
+The task says where it runs, waits for the driver to send the worker's command and environment,
+starts it as a child in its own session (so a signal reaches everything it started), streams its
+output lines to the driver, passes on the driver's signals, and reports the exit code. The worker
+never outlives the task: it is killed if the task's Python process dies (parent-death signal) and
+its whole process group is killed when the task returns or is interrupted by Spark.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import threading
+from typing import IO, Any, Callable, Iterable, Iterator
+
+import cloudpickle
+
+from horovod.common import wire
+from horovod.common.rendezvous import RendezvousClient
+from horovod.spark import control
+from horovod.spark.control import ControlAddress
+
+_PR_SET_PDEATHSIG = 1
+_SIGNAL_POLL_SECONDS = 0.2
+
+
+try:  # looked up before any fork: the child runs no more Python than one call
+    _prctl: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _prctl = None  # not Linux: the task's cleanup below still stops the worker when it can
+
+
+def _die_with_parent() -> None:
+    """In the worker, before exec: the kernel kills it when the task's thread goes."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class _OutputSender:
+    """Sends the worker's stdout and stderr lines to the driver, numbered in the order read."""
+
+    def __init__(self, client: RendezvousClient, index: int) -> None:
+        self._client, self._index = client, index
+        self._lock = threading.Lock()
+        self._count = 0
+
+    def pump(self, pipe: IO[bytes], name: str) -> None:
+        try:
+            for raw in iter(pipe.readline, b""):
+                with self._lock:
+                    self._client.put(control.OUTPUT, f"{self._index}.{self._count}", wire.encode((name, raw)))
+                    self._count += 1
+        finally:
+            pipe.close()
+
+    def close(self) -> None:
+        self._client.put(control.OUTPUT, f"{self._index}.end", str(self._count).encode())
+
+
+def host_worker(index: int, host: str, address: ControlAddress, start_timeout: float) -> int:
+    """Register as task `index` on `host`, run the worker the driver sends, return its exit code."""
+    client = RendezvousClient(address.host, address.port, bytes.fromhex(address.secret_hex),
+                              connect_timeout=start_timeout)
+    try:
+        client.put(control.TASKS, str(index), host.encode())
+        argv, env = cloudpickle.loads(client.get(control.START, str(index), start_timeout))
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent)
+        try:
+            sender = _OutputSender(client, index)
+            pumps = [threading.Thread(target=sender.pump, args=(pipe, name), daemon=True)
+                     for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))]
+            for pump in pumps:
+                pump.start()
+            signals = 0
+            while proc.poll() is None:
+                try:
+                    signum = int(client.get(control.SIGNAL, f"{index}.{signals}", _SIGNAL_POLL_SECONDS))
+                except TimeoutError:
+                    continue
+                signals += 1
+                try:
+                    os.killpg(proc.pid, signum)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            for pump in pumps:
+                pump.join()
+            sender.close()
+        finally:
+            _kill_group(proc)  # whatever the worker left running in its group, or all of it if we were interrupted
+            proc.wait()
+        client.put(control.EXIT, str(index), str(proc.returncode).encode())
+        return proc.returncode
+    finally:
+        client.close()
+
+
+def barrier_task(address: ControlAddress, start_timeout: float) -> Callable[[Iterable[Any]], Iterator[tuple[int, int]]]:
+    """The function each barrier task runs (`rdd.barrier().mapPartitions`): yields (index, exit code)."""
+
+    def run(_rows: Iterable[Any]) -> Iterator[tuple[int, int]]:
+        from pyspark import BarrierTaskContext
+
+        context = BarrierTaskContext.get()
+        index = context.partitionId()
+        host = context.getTaskInfos()[index].address.rsplit(":", 1)[0]
+        yield index, host_worker(index, host, address, start_timeout)
+
+    return run

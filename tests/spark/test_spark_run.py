@@ -1,0 +1,119 @@
+"""horovod.spark.run on a real two-executor Spark cluster (local-cluster mode, see conftest)."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import time
+import uuid
+
+import cloudpickle
+import pytest
+
+# The functions below travel to the workers by value: the workers cannot import this test module.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _train(scale: float) -> dict:
+    import numpy as np
+
+    import horovod.numpy as hvd
+
+    hvd.init()
+    print(f"hello from rank {hvd.rank()}", flush=True)
+    total = hvd.allreduce(np.full(3, hvd.rank() + 1.0), op=hvd.Sum)
+    return {"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
+            "local_size": hvd.local_size(), "tag": os.environ.get("KHVD_SPARK_TAG"),
+            "sum": float(total[0]) * scale}
+
+
+def _fail_on_rank_one() -> int:
+    import horovod.numpy as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        raise ValueError("rank one fails on purpose")
+    return hvd.rank()
+
+
+def _workers_with(tag: str) -> list[int]:
+    """Pids of processes (anywhere on this machine) started with KHVD_SPARK_TAG=tag."""
+    needle = f"KHVD_SPARK_TAG={tag}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def _none_left(tag: str, seconds: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while _workers_with(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _workers_with(tag)
+
+
+def test_results_by_rank_local_ranks_env_and_stdout(spark):
+    import horovod.spark
+
+    tag = uuid.uuid4().hex
+    out = io.StringIO()
+    results = horovod.spark.run(_train, args=(10.0,), num_proc=2, env={"KHVD_SPARK_TAG": tag}, stdout=out)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["size"] == 2 and r["local_size"] == 2 for r in results)  # both executors on 127.0.0.1
+    assert sorted(r["local_rank"] for r in results) == [0, 1]
+    assert all(r["tag"] == tag for r in results)
+    assert all(r["sum"] == 30.0 for r in results)  # (1 + 2) * 10
+    text = out.getvalue()
+    assert "[0]<stdout>:hello from rank 0" in text and "[1]<stdout>:hello from rank 1" in text
+    assert _none_left(tag) == []
+
+
+def test_default_num_proc_is_the_default_parallelism(spark):
+    import horovod.spark
+
+    results = horovod.spark.run(_train, args=(1.0,), stdout=io.StringIO())
+    assert len(results) == spark.sparkContext.defaultParallelism == 2
+
+
+def test_a_failing_task_names_rank_host_and_traceback_then_a_second_run_works(spark):
+    import horovod.spark
+
+    tag = uuid.uuid4().hex
+    with pytest.raises(RuntimeError) as info:
+        horovod.spark.run(_fail_on_rank_one, num_proc=2, env={"KHVD_SPARK_TAG": tag},
+                          stdout=io.StringIO(), stderr=io.StringIO())
+    message = str(info.value)
+    assert "rank 1" in message and "127.0.0.1" in message
+    assert "ValueError: rank one fails on purpose" in message and "Traceback" in message
+    assert "Py4JJavaError" not in message
+    assert _none_left(tag) == []
+    assert horovod.spark.run(_train, args=(1.0,), num_proc=2, stdout=io.StringIO())[1]["rank"] == 1
+
+
+def test_too_few_slots_is_a_clear_error_not_a_hang(spark):
+    import horovod.spark
+
+    started = time.monotonic()
+    with pytest.raises((RuntimeError, TimeoutError)) as info:
+        horovod.spark.run(_train, args=(1.0,), num_proc=3, start_timeout=30, stdout=io.StringIO())
+    assert time.monotonic() - started < 90
+    assert "3" in str(info.value) and "slots" in str(info.value)
+    assert len(horovod.spark.run(_train, args=(1.0,), num_proc=2, stdout=io.StringIO())) == 2
+
+
+def test_bad_arguments_fail_before_any_task_starts(spark):
+    import horovod.spark
+
+    with pytest.raises(ValueError, match="num_proc"):
+        horovod.spark.run(_train, num_proc=0)
+    with pytest.raises(NotImplementedError, match="use_mpi"):
+        horovod.spark.run(_train, num_proc=2, use_mpi=True)

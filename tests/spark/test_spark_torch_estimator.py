@@ -1,0 +1,90 @@
+"""TorchEstimator end to end on the real Spark cluster: fit, transform, checkpoint, save and load."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.timeout(600)
+
+torch = pytest.importorskip("torch")
+
+
+def _frame(spark, rows: int = 240):
+    from pyspark.ml.feature import VectorAssembler
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, size=(rows, 2))
+    y = 2.0 * x[:, 0] - 3.0 * x[:, 1] + 1.0
+    df = spark.createDataFrame([(float(a), float(b), float(t)) for (a, b), t in zip(x, y)], ["a", "b", "y"])
+    return VectorAssembler(inputCols=["a", "b"], outputCol="features").transform(df)
+
+
+def test_fit_transform_checkpoint_save_load(spark, tmp_path):
+    from horovod.spark.common.store import LocalStore, Store
+    from horovod.spark.torch import TorchEstimator, TorchModel
+
+    store = Store.create(str(tmp_path / "store"))
+    assert isinstance(store, LocalStore)
+    model = torch.nn.Linear(2, 1)
+    estimator = TorchEstimator(num_proc=2, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.2),
+                               loss=torch.nn.functional.mse_loss, feature_cols=["features"], label_cols=["y"],
+                               batch_size=16, epochs=12, validation=0.2, store=store, random_seed=1,
+                               run_id="linear", verbose=0, partitions_per_process=1)
+    assert estimator.getBatchSize() == 16 and estimator.setEpochs(15).getEpochs() == 15
+    df = _frame(spark)
+    fitted = estimator.fit(df)
+
+    history = fitted.getHistory()
+    assert len(history["loss"]) == 15 and len(history["val_loss"]) == 15
+    assert history["loss"][-1] < history["loss"][0] / 10 and history["val_loss"][-1] < 0.05
+    assert store.exists(store.get_checkpoint_path("linear"))
+    checkpoint = torch.load(store.get_checkpoint_path("linear"), weights_only=False)
+    assert checkpoint["epoch"] == 14
+    weights = fitted.getModel().weight.detach().numpy().ravel()
+    np.testing.assert_allclose(weights, [2.0, -3.0], atol=0.2)
+
+    predicted = fitted.transform(df).select("a", "b", "y", "y__output").toPandas()
+    assert len(predicted) == 240
+    np.testing.assert_allclose(predicted["y__output"], predicted["y"], atol=0.3)
+
+    path = str(tmp_path / "saved-model")
+    fitted.write().overwrite().save(path)
+    loaded = TorchModel.load(path)
+    assert loaded.getHistory() == history and loaded.getFeatureColumns() == ["features"]
+    again = loaded.transform(df).select("y__output").toPandas()
+    np.testing.assert_allclose(again["y__output"], predicted["y__output"], rtol=1e-6)
+    assert os.path.isdir(store.get_train_data_path("linear")) and os.path.isdir(store.get_val_data_path("linear"))
+
+
+def test_estimator_errors_are_clear(spark, tmp_path):
+    from horovod.spark.common.store import Store
+    from horovod.spark.torch import TorchEstimator
+
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(TypeError, match="unknown parameters: bogus"):
+        TorchEstimator(model=model, bogus=1)
+    estimator = TorchEstimator(num_proc=2, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                               loss=torch.nn.functional.mse_loss, label_cols=["y"], store=Store.create(str(tmp_path)))
+    with pytest.raises(ValueError, match="feature_cols= is required"):
+        estimator.fit(_frame(spark, 8))
+    estimator.setFeatureCols(["nope"])
+    with pytest.raises(ValueError, match="no column 'nope'"):
+        estimator.fit(_frame(spark, 8))
+
+
+def test_parameters_not_applied_are_refused_not_ignored(spark, tmp_path):
+    from horovod.spark.common.store import Store
+    from horovod.spark.torch import TorchEstimator
+
+    model = torch.nn.Linear(2, 1)
+    estimator = TorchEstimator(num_proc=2, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                               loss=torch.nn.functional.mse_loss, feature_cols=["features"], label_cols=["y"],
+                               store=Store.create(str(tmp_path)), transformation_fn=lambda pdf: pdf)
+    with pytest.raises(NotImplementedError, match="transformation_fn= is not supported"):
+        estimator.fit(_frame(spark, 8))
+    estimator.setTransformationFn(None).setCallbacks([object()])
+    with pytest.raises(NotImplementedError, match="callbacks= is not supported"):
+        estimator.fit(_frame(spark, 8))
