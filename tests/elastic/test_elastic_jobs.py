@@ -41,10 +41,14 @@ def horovodrun(tmp_path: Path, flags: list[str], epochs: int = 2, batches: int =
 
 
 def discovery(tmp_path: Path, hosts: str) -> str:
-    """A discovery script printing OUT_DIR/hosts, which starts as `hosts` (the training may rewrite it)."""
+    """A discovery script printing OUT_DIR/hosts, which starts as `hosts` (the training may rewrite it).
+    When a worker has left its pid in OUT_DIR/victim, the script SIGKILLs it first, then takes a
+    moment before answering: the worker dies while the driver's discovery runs."""
     (tmp_path / "hosts").write_text(hosts.replace(",", "\n") + "\n")
     script = tmp_path / "discover.sh"
-    script.write_text(f"#!/bin/sh\ncat {tmp_path / 'hosts'}\n")
+    victim = tmp_path / "victim"
+    script.write_text(f"#!/bin/sh\nif [ -f {victim} ]; then kill -9 $(cat {victim}); rm -f {victim}; sleep 0.3; fi\n"
+                      f"cat {tmp_path / 'hosts'}\n")
     script.chmod(0o755)
     return str(script)
 
@@ -97,8 +101,9 @@ def test_a_worker_killed_with_sigkill_is_dropped_with_its_host_and_training_goes
 @pytest.mark.parametrize("kills, dead, final", [
     ("0:2:1:commit", ["127.0.0.1:0 (rank 1 of round 1)"], 2),  # in state.commit(), between snapshot and host check
     ("0:1:2,0:1:1:reset", ["127.0.0.2:0 (rank 2 of round 1)", "127.0.0.1:0 (rank 1 of round 2)"], 1),  # in re-init
-], ids=["during-commit", "during-re-init"])
-def test_a_worker_killed_during_commit_or_re_init_never_hangs_the_job(tmp_path, kills, dead, final):
+    ("0:1:1:discovery", ["127.0.0.1:0 (rank 1 of round 1)"], 2),  # by the discovery script, while it runs
+], ids=["during-commit", "during-re-init", "during-discovery"])
+def test_a_worker_killed_during_commit_re_init_or_discovery_never_hangs_the_job(tmp_path, kills, dead, final):
     script = discovery(tmp_path, "localhost:1,127.0.0.1:1,127.0.0.2:1")
     done = horovodrun(tmp_path, ["-np", "3", "--min-np", "1", "--host-discovery-script", script], ELASTIC_KILL=kills)
     assert done.returncode == 0, done.stderr

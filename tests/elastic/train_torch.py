@@ -6,8 +6,9 @@ Environment knobs (all optional):
 - ELASTIC_KILL="<epoch>:<batch>:<rank>[:how]" (comma-separated): that rank dies there once
   (`how` = kill for SIGKILL, the default; raise for an exception; commit for SIGKILL in the middle
   of that batch's `state.commit()`, after its snapshot, before its host check; reset for SIGKILL in
-  the next re-init, once the new round has formed and before the state is synced); a marker file
-  in OUT_DIR keeps a replacement from dying again.
+  the next re-init, once the new round has formed and before the state is synced; discovery to be
+  SIGKILLed by the driver's next run of the discovery script, while it runs: the rank writes its
+  pid to OUT_DIR/victim and trains on); a marker file in OUT_DIR keeps a replacement from dying again.
 - ELASTIC_HOSTS="<epoch>=<hosts file text>;...": rank 0 writes OUT_DIR/hosts at that epoch
   (the discovery script prints it), then waits for the new round before going on.
 - ELASTIC_STEP_SECONDS: sleep per batch (default 0.02).
@@ -83,6 +84,11 @@ def main():
                 raise ValueError(f"rank {hvd.rank()} fails on purpose at epoch {epoch} batch {batch}")
             if how == "reset":
                 armed_resets.append(number)  # dies in the next re-init instead
+            elif how == "discovery":
+                open(os.path.join(out, f"killed.{number}"), "w").close()
+                with open(os.path.join(out, "victim.tmp"), "w") as f:
+                    f.write(str(os.getpid()))
+                os.replace(os.path.join(out, "victim.tmp"), os.path.join(out, "victim"))
             else:
                 die(number)
 
