@@ -105,7 +105,9 @@ def test_a_worker_killed_with_sigkill_is_dropped_with_its_host_and_training_goes
 ], ids=["during-commit", "during-re-init", "during-discovery"])
 def test_a_worker_killed_during_commit_re_init_or_discovery_never_hangs_the_job(tmp_path, kills, dead, final):
     script = discovery(tmp_path, "localhost:1,127.0.0.1:1,127.0.0.2:1")
-    done = horovodrun(tmp_path, ["-np", "3", "--min-np", "1", "--host-discovery-script", script], ELASTIC_KILL=kills)
+    # Steps slow enough that the driver's discovery (about once a second) runs while training goes on.
+    done = horovodrun(tmp_path, ["-np", "3", "--min-np", "1", "--host-discovery-script", script], ELASTIC_KILL=kills,
+                      ELASTIC_STEP_SECONDS="0.2")
     assert done.returncode == 0, done.stderr
     for worker in dead:
         assert f"worker {worker}" in done.stderr and "killed by signal SIGKILL" in done.stderr, done.stderr
