@@ -119,3 +119,13 @@ def run(
             return run_spec(hargs, spec, fn, args, kwargs)
     finally:
         store.stop()
+
+
+def run_elastic(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+    """Horovod's elastic form of `run`: not built yet. It says so, and what to use meanwhile,
+    rather than being missing (an AttributeError) or running a fixed-size job in its place."""
+    raise NotImplementedError(
+        "horovod.spark.run_elastic is not available in khorovod yet. For a job that survives lost workers, "
+        "run the function with horovod.run(fn, num_proc=..., min_num_proc=..., max_num_proc=..., "
+        "host_discovery_script=...) or a script with horovodrun --min-np/--max-np (docs/elastic.md); "
+        "horovod.spark.run runs a fixed-size job in Spark tasks.")
