@@ -64,7 +64,8 @@ TABLE = [
         ALL, INTERNAL, ("allreduce.{fw}.dtype", "data types", "float32", "int32")),
     Row("root_mismatch", "hvd.broadcast(T([1.0]), root_rank=r, name=f'{fw}.root')", ALL, INTERNAL,
         ("broadcast.{fw}.root", "root ranks")),
-    Row("duplicate_name", "twice(lambda: hvd.allreduce_async(T([1.0]), name=f'{fw}.dup'))", ("numpy", "torch", "jax"),
+    Row("duplicate_name", "twice(lambda name: hvd.allreduce_async(T([1.0]), name=name), f'{fw}.dup')",
+        ("numpy", "torch", "jax"),
         "ValueError", ("allreduce.{fw}.dup", "already in flight")),
     Row("optimizer_passes", "hvd.DistributedOptimizer(optimizer(), backward_passes_per_step=0)",
         ("torch", "tensorflow", "keras", "jax"), "ValueError", ("backward_passes_per_step", "0")),
@@ -88,12 +89,16 @@ def case(fw, label, fn):
         results[f"{fw}:{label}"] = None
     except Exception as exc:
         results[f"{fw}:{label}"] = [[c.__name__ for c in type(exc).__mro__], str(exc)]
-def twice(start):
-    first = start()
+def twice(start, base):
+    # Rank r's first op (named base.r) cannot complete before the other rank submits that name, which
+    # it does only after its own second submission: so the second always finds the first in flight.
+    first = start(f"{base}.{r}")
     try:
-        start()
+        start(f"{base}.{r}")
     finally:
+        other = start(f"{base}.{1 - r}")
         hvd.synchronize(first)
+        hvd.synchronize(other)
 '''
 
 
