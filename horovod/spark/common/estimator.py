@@ -10,6 +10,7 @@ predicts, and fitted models save and load with Spark ML's persistence.
 
 from __future__ import annotations
 
+import abc
 import json
 import math
 import posixpath
@@ -111,11 +112,13 @@ class HorovodEstimator(Estimator, EstimatorParams):
             steps=(int(train), int(val)), shuffle=bool(self.getOrDefault("shuffle")),
             seed=self.getOrDefault("random_seed"), verbose=int(self.getOrDefault("verbose")))
 
+    @abc.abstractmethod
     def _remote_trainer(self, data: PreparedData, run_id: str, num_proc: int) -> Callable[[], TrainResult | None]:
-        raise NotImplementedError
+        """Defined by each concrete class."""
 
+    @abc.abstractmethod
     def _create_model(self, result: TrainResult, run_id: str, data: PreparedData) -> "HorovodModel":
-        raise NotImplementedError
+        """Defined by each concrete class."""
 
 
 class HorovodModel(Model, ModelParams, MLWritable, MLReadable):
@@ -162,15 +165,18 @@ class HorovodModel(Model, ModelParams, MLWritable, MLReadable):
         return (df.withColumn(packed, pandas_udf(apply, schema)(*inputs))
                 .select("*", f"{packed}.*").drop(packed))
 
+    @abc.abstractmethod
     def _predict_fn(self) -> Callable[[list[Any]], list[Any]]:
-        raise NotImplementedError
+        """Defined by each concrete class."""
 
+    @abc.abstractmethod
     def _model_bytes(self) -> bytes:
-        raise NotImplementedError
+        """Defined by each concrete class."""
 
     @classmethod
+    @abc.abstractmethod
     def _model_from_bytes(cls, data: bytes) -> Any:
-        raise NotImplementedError
+        """Defined by each concrete class."""
 
     def write(self) -> MLWriter:
         return _ModelWriter(self)

@@ -13,6 +13,7 @@ and `runs/<run_id>/` holding `checkpoint.<ext>` and `logs/`.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import os
 import posixpath
@@ -21,7 +22,7 @@ from typing import Any, Callable
 import fsspec
 
 
-class Store:
+class Store(abc.ABC):
     """The interface every estimator uses; `Store.create` gives the right one for a path."""
 
     @staticmethod
@@ -32,35 +33,45 @@ class Store:
             return LocalStore(prefix_path, *args, **kwargs)
         return FilesystemStore(prefix_path, *args, **kwargs)
 
+    @abc.abstractmethod
     def get_train_data_path(self, idx: int | str | None = None) -> str:
-        raise NotImplementedError
+        """Defined by each concrete class."""
 
+    @abc.abstractmethod
     def get_val_data_path(self, idx: int | str | None = None) -> str:
-        raise NotImplementedError
+        """Defined by each concrete class."""
 
+    @abc.abstractmethod
     def get_test_data_path(self, idx: int | str | None = None) -> str:
-        raise NotImplementedError
+        """Defined by each concrete class."""
 
+    @abc.abstractmethod
     def get_runs_path(self) -> str:
-        raise NotImplementedError
+        """Defined by each concrete class."""
 
+    @abc.abstractmethod
     def get_run_path(self, run_id: str) -> str:
-        raise NotImplementedError
+        """Defined by each concrete class."""
 
+    @abc.abstractmethod
     def get_checkpoint_path(self, run_id: str) -> str:
-        raise NotImplementedError
+        """Defined by each concrete class."""
 
+    @abc.abstractmethod
     def get_logs_path(self, run_id: str) -> str:
-        raise NotImplementedError
+        """Defined by each concrete class."""
 
+    @abc.abstractmethod
     def exists(self, path: str) -> bool:
-        raise NotImplementedError
+        """Defined by each concrete class."""
 
+    @abc.abstractmethod
     def read(self, path: str) -> bytes:
-        raise NotImplementedError
+        """Defined by each concrete class."""
 
+    @abc.abstractmethod
     def write(self, path: str, data: bytes) -> None:
-        raise NotImplementedError
+        """Defined by each concrete class."""
 
 
 class FilesystemStore(Store):
