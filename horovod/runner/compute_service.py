@@ -123,7 +123,10 @@ class ComputeClient:
 
     def shutdown(self) -> None:
         """Ask the compute job to stop (the training job calls this when it is done)."""
-        self._store.put(_SCOPE, _SHUTDOWN, b"")
+        try:
+            self._store.put(_SCOPE, _SHUTDOWN, b"")
+        except ConnectionError:
+            pass  # the compute job may stop its service on reading the request, before the reply reaches us
 
     def wait_for_shutdown(self) -> None:
         """Block until the service is shut down (or gone)."""

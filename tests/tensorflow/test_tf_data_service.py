@@ -56,6 +56,8 @@ def run_both_jobs(tmp_path, *compute_args: str):
         if compute.poll() is None:  # horovodrun stops its workers on SIGTERM
             compute.send_signal(signal.SIGTERM)
             compute.communicate(timeout=30)
+    assert training.returncode == 0, f"training job failed ({training.returncode}):\n{training.stdout}\n" \
+                                     f"{training.stderr}\n--- the compute job printed:\n{output}"
     return training.check(), compute.returncode, output
 
 
