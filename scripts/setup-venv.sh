@@ -34,10 +34,8 @@ if [ -n "$missing" ]; then
     for extra in ${EXTRAS//,/ }; do echo "$HASH $extra"; done >> "$STAMP"
 fi
 if [[ ",$EXTRAS," == *",test,"* ]]; then
-    # Slurm (for tests/slurm) comes from the system's packages; only root can install them.
-    bash scripts/setup-slurm.sh >&2
-    # Spark (for tests/spark) needs a Java runtime.
-    bash scripts/setup-java.sh >&2
+    # Slurm (tests/slurm) and Java (tests/spark) come from the system's packages; only root can install them.
+    bash scripts/setup-system-packages.sh >&2
     # MPICH's wheel conflicts with Open MPI's in one environment: tests/mpi run it from its own,
     # beside this one (numpy and khorovod only).
     if ! "$VENV-mpich/bin/python" -c "import mpi4py, horovod" 2>/dev/null; then

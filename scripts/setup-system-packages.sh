@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Install Debian's Slurm and munge (and the PMIx library srun's MPI plugin loads) when missing,
-# for the tests under tests/slurm. Needs root and apt-get; elsewhere those tests skip, saying why.
+# Install the system packages some tests need, when missing: Debian's Slurm and munge (and the
+# PMIx library srun's MPI plugin loads) for tests/slurm, a headless Java runtime for tests/spark
+# (pyspark starts a JVM). Needs root and apt-get; elsewhere those tests skip, saying why.
 set -euo pipefail
 need=()
 command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm)
 command -v munged >/dev/null 2>&1 || need+=(munge)
 [ -e /usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so ] || [ -e /usr/lib/aarch64-linux-gnu/pmix2/lib/libpmix.so ] \
     || need+=(libpmix-dev)
+command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
 if [ ${#need[@]} -eq 0 ]; then
     exit 0
 fi
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-    echo "setup-slurm: not root or no apt-get: ${need[*]} not installed; tests/slurm will skip" >&2
+    echo "setup-system-packages: not root or no apt-get: ${need[*]} not installed; tests/slurm or" \
+         "tests/spark will skip" >&2
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
