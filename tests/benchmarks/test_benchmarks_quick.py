@@ -1,6 +1,7 @@
 """The benchmark suite runs (quick mode, as CI does): a check that it works, not a timing."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -69,6 +70,8 @@ def test_fresh_jobs_alternates_variants_and_reports_each():
     for name in ("bound", "unbound"):
         section = proc.stdout.split(f"\n{name}:\n", 1)[1]
         assert "| 4 KiB |" in section and "| 1 MiB |" in section and "job  0: 4096:" in section
+        assert re.search(r"job  0: 4096: \d+ us, 1048576: \d+ us; others \d+\.\d\d cores, stolen \d+\.\d\d, "
+                         r"copy \d+\.\d GB/s", section), section
 
 
 def test_scaling_benchmark_reports_every_configuration_and_plots(tmp_path):
