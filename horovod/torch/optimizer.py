@@ -14,13 +14,12 @@ checkpoint made for `opt` before wrapping keeps working. `type(wrapper)` is a su
 `_DistributedOptimizer` named after `opt`'s class (`type(wrapper).__name__ == "SGD"`, as with
 Horovod, whose wrapper subclasses the user's class), made once per optimizer class.
 
-Where a rank has a single core (the cores of the machine shared out among its ranks, as on a
-2-core machine with 2 ranks), overlapping gains nothing: reducing is memory copies and sums
-that take the same core from backward, and each allreduce then needs the peer's engine thread
-to get its core at the same moment, so it waits on the scheduler. There the hooks only mark the
-gradients ready and `synchronize()` submits them all at once from the thread that then drives
-the reduction itself (measured in docs/performance.md). The sums are the same; only when they
-run changes.
+Where a rank has less than two cores of its own (`cores_per_rank`: e.g. 2 ranks on a 2-core
+machine), overlapping gains nothing: reducing is memory copies and sums that take the same core
+from backward, and each allreduce then needs the peer's engine thread to get its core at the
+same moment, so it waits on the scheduler. There the hooks only mark the gradients ready and
+`synchronize()` submits them all at once from the thread that then drives the reduction itself
+(measured in docs/performance.md). The sums are the same; only when they run changes.
 
 Gradient accumulation (`backward_passes_per_step=k`): the allreduce of a parameter starts on
 its k-th backward pass. If `step()` or `synchronize()` comes earlier, e.g. on the last, shorter
