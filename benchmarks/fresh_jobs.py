@@ -8,7 +8,10 @@ Each job is a fresh `horovodrun` (new processes, new shared-memory segments, new
 running `horovod.benchmarks.worker`: one checked allreduce, warm-up, then `--iters` timed
 in-place allreduces per size, each timed as the slowest rank's. A job's figure is its median;
 the report is min / median / max over the jobs of those medians (busbw for bandwidth, time for
-latency), and how far the slowest job is from the median job. Single-job benchmarks hide a
+latency), and how far the slowest job is from the median job. Each job's line also says how many
+cores the rest of the machine kept busy while it ran (from /proc/stat, less the job's own CPU
+time), how many the host of a virtual machine took (steal), and the memory bandwidth of one core
+just before (a 64 MiB copy): a slow job that shared its cores or its memory bus shows there. Single-job benchmarks hide a
 bimodal machine; this is the one that shows it. With `--variant NAME=VAR=VALUE,...` (repeated)
 the jobs of the variants alternate, so that a shared machine's load hits them alike (a variant
 may set PYTHONPATH to compare two checkouts).
@@ -19,17 +22,56 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Callable
+
+import numpy as np
 
 from horovod.benchmarks.__main__ import parse_sizes
 
+# Keys of a job's conditions beside its sizes (which are positive).
+OTHERS, STOLEN, COPY = -1, -2, -3
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """CPU seconds since boot, all cores: busy (every process), and stolen (a virtual machine's
+    cores waiting for the host's)."""
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(ticks[:7]) - ticks[3] - ticks[4]) / hz, ticks[7] / hz  # busy: less idle, iowait, steal
+
+
+def copy_gbps() -> float:
+    """This machine's memory bandwidth right now: the best of a few 64 MiB copies, one core."""
+    src, dst = np.ones(1 << 24, np.float32), np.empty(1 << 24, np.float32)
+    best = min(_timed(lambda: np.copyto(dst, src)) for _ in range(5))
+    return src.nbytes / best / 1e9
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def children_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
 
 def one_job(np_: int, sizes: list[int], iters: int, env: dict[str, str]) -> dict[int, float]:
-    """Median seconds per allreduce, per size, of one fresh job."""
+    """Median seconds per allreduce, per size, of one fresh job; and what the machine was like
+    meanwhile: OTHERS, the cores everything else kept busy (busy time not the job's, over the wall
+    time), STOLEN, the cores the host took from this machine, COPY, the memory bandwidth just before."""
+    copy = copy_gbps()
+    start, (busy, stolen), ours = time.perf_counter(), cpu_seconds(), children_seconds()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         cmd = [sys.executable, "-m", "horovod.runner.launch", "-np", str(np_), sys.executable, "-m",
@@ -40,7 +82,10 @@ def one_job(np_: int, sizes: list[int], iters: int, env: dict[str, str]) -> dict
         if done.returncode != 0 or not out.exists():
             raise RuntimeError(f"job failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
         rows = json.loads(out.read_text())["ops"]["allreduce"]
-    return {row["bytes"]: row["median_s"] for row in rows}
+    wall, (busy_end, stolen_end) = time.perf_counter() - start, cpu_seconds()
+    others = (busy_end - busy - (children_seconds() - ours)) / wall
+    return {**{row["bytes"]: row["median_s"] for row in rows}, OTHERS: max(others, 0.0),
+            STOLEN: (stolen_end - stolen) / wall, COPY: copy}
 
 
 def spread(values: list[float]) -> tuple[float, float, float]:
@@ -86,9 +131,11 @@ def report(name: str, per_job: list[dict[int, float]], sizes: list[int], factor:
         else:
             low, mid, high = spread([t * 1e6 for t in times])
             print(f"| {size >> 10} KiB | {low:.0f} / {mid:.0f} / {high:.0f} us | {mid / high:.2f}x |")
-    print("per job (size: median):")
+    print("per job (size: median; cores other processes kept busy and cores stolen by the host during the job; "
+          "memory copy GB/s just before):")
     for i, job in enumerate(per_job):
-        print(f"  job {i:2d}: " + ", ".join(f"{s}: {t * 1e6:.0f} us" for s, t in job.items()))
+        print(f"  job {i:2d}: " + ", ".join(f"{s}: {job[s] * 1e6:.0f} us" for s in sizes)
+              + f"; others {job[OTHERS]:.2f} cores, stolen {job[STOLEN]:.2f}, copy {job[COPY]:.1f} GB/s")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import socket
 import statistics
@@ -63,6 +64,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="steps per round and framework")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=3, help="steps of each before timing")
+    parser.add_argument("--json", metavar="PATH", help="rank 0 also writes the rates here (benchmarks/scaling.py)")
     args = parser.parse_args()
 
     torch.set_num_threads(1)
@@ -108,6 +110,10 @@ def main() -> None:
         print(f"ratio khorovod / DDP: {medians['khorovod'] / medians['ddp']:.3f} of the medians, "
               f"{paired:.3f} median of the per-round ratios")
         print(f"largest weight difference after training: {drift:.2e}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"model": args.model, "ranks": size, "batch": args.batch_size, "rates": rates,
+                           "drift": drift}, f)
     dist.destroy_process_group()
 
 

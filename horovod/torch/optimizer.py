@@ -14,6 +14,13 @@ checkpoint made for `opt` before wrapping keeps working. `type(wrapper)` is a su
 `_DistributedOptimizer` named after `opt`'s class (`type(wrapper).__name__ == "SGD"`, as with
 Horovod, whose wrapper subclasses the user's class), made once per optimizer class.
 
+Where a rank has less than two cores of its own (`cores_per_rank`: e.g. 2 ranks on a 2-core
+machine), overlapping gains nothing: reducing is memory copies and sums that take the same core
+from backward, and each allreduce then needs the peer's engine thread to get its core at the
+same moment, so it waits on the scheduler. There the hooks only mark the gradients ready and
+`synchronize()` submits them all at once from the thread that then drives the reduction itself
+(measured in docs/performance.md). The sums are the same; only when they run changes.
+
 Gradient accumulation (`backward_passes_per_step=k`): the allreduce of a parameter starts on
 its k-th backward pass. If `step()` or `synchronize()` comes earlier, e.g. on the last, shorter
 cycle of an epoch, the gradients accumulated so far are reduced as they are (the sum of the
@@ -37,6 +44,7 @@ from horovod.common.gradients import GradientReducer
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Adasum, Average
 from horovod.common.settings import Settings
+from horovod.common.transport.shm.placement import cores_per_rank
 from horovod.torch.compression import Compression, Compressor
 from horovod.torch._bridge import Pending, start
 from horovod.torch.adasum_optimizer import DistributedAdasumOptimizer
@@ -73,10 +81,12 @@ class _DistributedOptimizer:
         self._passes_left = dict.fromkeys(params, backward_passes_per_step)
         self._inflight: list[tuple[Pending | Callable[[], torch.Tensor], list[tuple]]] = []
         self._launched: set[int] = set()  # ids of buckets whose allreduce started this step
+        self._held: list[_Bucket] = []  # complete buckets waiting for synchronize() (no overlap)
         self._synchronized = False
         self._should_synchronize = True
         process_set = reducer.process_set
         self._active = bool(process_set.included()) and (basics.size() > 1 or Settings.from_env().elastic)
+        self._overlap = cores_per_rank(basics.local_size()) >= 2  # see the module docstring
         if self._active:
             self._register_hooks(params)
 
@@ -123,7 +133,10 @@ class _DistributedOptimizer:
             bucket = self._bucket_of[param]
             bucket.ready += 1
             if bucket.ready == len(bucket.params):
-                self._launch(bucket)
+                if self._overlap:
+                    self._launch(bucket)
+                else:
+                    self._held.append(bucket)
 
     def _launch(self, bucket: _Bucket) -> None:
         """Start the allreduce of a bucket's gradients (in place, or through the compressor)."""
@@ -158,9 +171,12 @@ class _DistributedOptimizer:
         if not self._active or self._synchronized:
             return
         try:
-            for bucket in self._buckets:
-                if id(bucket) not in self._launched:
-                    self._launch(bucket)
+            # Submitted as one batch that this thread then runs (caller_waits: the engine thread
+            # is not woken for each), held buckets first, in the order backward completed them.
+            with basics.runtime().engine.caller_waits():
+                for bucket in self._held + self._buckets:
+                    if id(bucket) not in self._launched:
+                        self._launch(bucket)
             for pending, items in self._inflight:
                 if isinstance(pending, Pending):
                     pending.wait()
@@ -176,6 +192,7 @@ class _DistributedOptimizer:
     def _reset_step(self) -> None:
         self._inflight.clear()
         self._launched.clear()
+        self._held.clear()
         for bucket in self._buckets:
             bucket.ready = 0
         for p in self._passes_left:
@@ -212,7 +229,7 @@ class _DistributedOptimizer:
             self._synchronized = False
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._inflight:
+        if self._inflight or self._held:
             raise AssertionError(
                 "zero_grad() was called while gradient allreduces of this step are still running "
                 "(after backward, before step() or synchronize()); that would race with them. Call "

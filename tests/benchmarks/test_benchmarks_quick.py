@@ -1,6 +1,7 @@
 """The benchmark suite runs (quick mode, as CI does): a check that it works, not a timing."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -69,3 +70,21 @@ def test_fresh_jobs_alternates_variants_and_reports_each():
     for name in ("bound", "unbound"):
         section = proc.stdout.split(f"\n{name}:\n", 1)[1]
         assert "| 4 KiB |" in section and "| 1 MiB |" in section and "job  0: 4096:" in section
+        assert re.search(r"job  0: 4096: \d+ us, 1048576: \d+ us; others \d+\.\d\d cores, stolen \d+\.\d\d, "
+                         r"copy \d+\.\d GB/s", section), section
+
+
+def test_scaling_benchmark_reports_every_configuration_and_plots(tmp_path):
+    # benchmarks/scaling.py, shortened: 1, 2, 4 ranks and two hosts, as in docs/performance.md.
+    pytest.importorskip("torch")
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "scaling.png"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "scaling.py"), "--models", "mlp", "--rounds",
+                           "1", "--steps", "1", "--out", str(png)],
+                          capture_output=True, text=True, timeout=400, env=child_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| mlp |")]
+    assert [row.split("|")[2].strip() for row in rows] == ["1 rank", "2 ranks", "4 ranks", "4 ranks, two hosts"]
+    assert rows[0].split("|")[6].strip() == "1.00"  # one rank is the baseline
+    assert all(float(row.split("|")[3]) > 0 and float(row.split("|")[4]) > 0 for row in rows)
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"

@@ -37,35 +37,37 @@ def check(label, got, want):
         problems.append(f"{label}: first differences at {bad.tolist()}: got {got.reshape(-1)[bad].tolist()}, "
                         f"want {want.reshape(-1)[bad].tolist()}")
 
-rows = 6 * n
-for name in ["float16", "float32", "float64", "int32", "int64", "uint8"]:
-    dtype = np.dtype(name)
-    top = 30 if name == "uint8" else 2000
-    x = (np.arange(rows * 5) % top).astype(dtype).reshape(rows, 5)
-    if dtype.kind == "f":
-        x = (x * dtype.type(0.37)).astype(dtype)
-    for op in (hvd.Sum, hvd.Average):
-        tag = f"{name}.{op}"
-        want = expected(x, op)
-        check(f"allreduce {tag}", hvd.allreduce(x, op=op, prescale_factor=PRE, postscale_factor=POST,
-                                                name=f"a.{tag}"), want)
-        fused = hvd.grouped_allreduce([x, x[:2]], op=op, prescale_factor=PRE, postscale_factor=POST,
-                                      name=f"g.{tag}")
-        check(f"grouped_allreduce {tag}", fused[0], want)
-        check(f"grouped_allreduce[1] {tag}", fused[1], expected(x[:2], op))
-        block = slice(hvd.rank() * 6, hvd.rank() * 6 + 6)
-        check(f"reducescatter {tag}", hvd.reducescatter(x, op=op, prescale_factor=PRE, postscale_factor=POST,
-                                                        name=f"r.{tag}"), want[block])
-        parts = hvd.grouped_reducescatter([x, x + 1], op=op, prescale_factor=PRE, postscale_factor=POST,
-                                          name=f"gr.{tag}")
-        check(f"grouped_reducescatter {tag}", parts[0], want[block])
-        check(f"grouped_reducescatter[1] {tag}", parts[1], expected((x + 1).astype(dtype), op)[block])
+# Small tensors take the whole-buffer path; ~1 MiB ones the paths that scale piece by piece.
+for rows in (6 * n, 6 * n * 2048):
+    for name in ["float16", "float32", "float64", "int32", "int64", "uint8"]:
+        dtype = np.dtype(name)
+        top = 30 if name == "uint8" else 2000
+        x = (np.arange(rows * 5) % top).astype(dtype).reshape(rows, 5)
+        if dtype.kind == "f":
+            x = (x * dtype.type(0.37)).astype(dtype)
+        for op in (hvd.Sum, hvd.Average):
+            tag = f"{name}.{op}.{rows}"
+            want = expected(x, op)
+            check(f"allreduce {tag}", hvd.allreduce(x, op=op, prescale_factor=PRE, postscale_factor=POST,
+                                                    name=f"a.{tag}"), want)
+            fused = hvd.grouped_allreduce([x, x[:2]], op=op, prescale_factor=PRE, postscale_factor=POST,
+                                          name=f"g.{tag}")
+            check(f"grouped_allreduce {tag}", fused[0], want)
+            check(f"grouped_allreduce[1] {tag}", fused[1], expected(x[:2], op))
+            block = slice(hvd.rank() * rows // n, (hvd.rank() + 1) * rows // n)
+            check(f"reducescatter {tag}", hvd.reducescatter(x, op=op, prescale_factor=PRE, postscale_factor=POST,
+                                                            name=f"r.{tag}"), want[block])
+            parts = hvd.grouped_reducescatter([x, x + 1], op=op, prescale_factor=PRE, postscale_factor=POST,
+                                              name=f"gr.{tag}")
+            check(f"grouped_reducescatter {tag}", parts[0], want[block])
+            check(f"grouped_reducescatter[1] {tag}", parts[1], expected((x + 1).astype(dtype), op)[block])
 report(problems=problems)
 '''
 
 
-@pytest.mark.parametrize("np_", [2, 3])
-def test_scaled_collectives_are_bit_identical_to_horovods_arithmetic(np_):
-    result = hvdrun(SCALING, np=np_).check()
+@pytest.mark.parametrize("np_,args", [(2, []), (3, []), (4, ["-H", "localhost:2,127.0.0.1:2"])],
+                         ids=["2", "3", "two-hosts"])
+def test_scaled_collectives_are_bit_identical_to_horovods_arithmetic(np_, args):
+    result = hvdrun(SCALING, np=np_, args=args, timeout=180).check()
     for rank in range(np_):
         assert result.ranks[rank]["problems"] == [], result.ranks[rank]["problems"]

@@ -2,6 +2,10 @@
 parameters one process gets on the whole batch. Plus the optimizer's behaviour on real ranks and
 the broadcast helpers that start training from one point."""
 
+import contextlib
+import os
+from typing import Iterator
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -11,6 +15,7 @@ from multirank import hvdrun  # noqa: E402
 IDENTITY = r'''
 import torch
 import horovod.torch as hvd
+from horovod.common.transport.shm.placement import cores_per_rank
 
 torch.set_num_threads(1)
 hvd.init()
@@ -63,14 +68,35 @@ compare("sgd_sum", sgd, op=hvd.Sum, loss_scale=float(n))
 compare("fp16", adam, compression=hvd.Compression.fp16)
 compare("bf16", sgd, compression=hvd.Compression.bf16)
 compare("sync_batch_norm", momentum, norm=hvd.SyncBatchNorm, ref_norm=torch.nn.BatchNorm1d)
+report(overlap=cores_per_rank(hvd.local_size()) >= 2)
 '''
 
 
-@pytest.mark.parametrize("np", [2, 3, 4])
-def test_n_ranks_equal_one_process_on_the_whole_batch(np):
-    result = hvdrun(IDENTITY, np=np, timeout=180).check()
+@contextlib.contextmanager
+def one_core() -> Iterator[None]:
+    """The ranks started inside inherit a single core: each has less than one of its own."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+# Where a rank has a core or more of its own, gradients are reduced during backward (overlap);
+# with less, all at step(). "two-hosts" (one rank per host name) and "one-core" force each mode;
+# the others take what this machine gives them.
+@pytest.mark.parametrize("np,args,pinned,overlap", [
+    (2, [], False, None), (3, [], False, None), (4, [], False, None),
+    (2, ["-H", "localhost:1,127.0.0.1:1"], False, True), (2, [], True, False),
+], ids=["2", "3", "4", "two-hosts-overlap", "one-core-at-step"])
+def test_n_ranks_equal_one_process_on_the_whole_batch(np, args, pinned, overlap):
+    with one_core() if pinned else contextlib.nullcontext():
+        result = hvdrun(IDENTITY, np=np, args=args, timeout=180).check()
     for rank in range(np):
         got = result.ranks[rank]
+        mode = got.pop("overlap")
+        assert overlap is None or mode is overlap, (rank, mode)
         exact = {k: v for k, v in got.items() if k not in ("fp16", "bf16")}
         assert len(exact) == 11
         assert all(v < 1e-12 for v in exact.values()), (rank, got)

@@ -101,9 +101,8 @@ class Executor:
                 buf = out.reshape(-1)
             scale_in_place(buf, response.prescale)
             self._activity(response.names, activity)
-            self._reduce(members, buf, wire_op, [buf.size])
+            self._reduce(members, buf, wire_op, [buf.size], postscale)
             self._activity(response.names, None)
-            scale_in_place(buf, postscale)
             if entry is not None:
                 entry.finish(entry.output)
             return
@@ -120,9 +119,8 @@ class Executor:
         self._activity(response.names, None)
         scale_in_place(fused, response.prescale)
         self._activity(response.names, activity)
-        self._reduce(members, fused, wire_op, counts)
+        self._reduce(members, fused, wire_op, counts, postscale)
         self._activity(response.names, None)
-        scale_in_place(fused, postscale)
         self._activity(response.names, "MEMCPY_OUT_FUSION_BUFFER")
         offset = 0
         for entry, count in zip(entries, counts):
@@ -134,12 +132,15 @@ class Executor:
             if entry is not None:
                 entry.finish(entry.output)
 
-    def _reduce(self, members: tuple[int, ...], buf: np.ndarray, op: int, counts: list[int]) -> None:
-        """The transport's allreduce, or its Adasum with each tensor's bounds in the buffer."""
+    def _reduce(self, members: tuple[int, ...], buf: np.ndarray, op: int, counts: list[int],
+                postscale: float) -> None:
+        """The transport's allreduce, or its Adasum with each tensor's bounds in the buffer; then
+        `buf` times `postscale` (the transport folds it into its last pass where it can)."""
         if op == Adasum:
             self.transport.adasum(members, buf, segment_bounds(buf.size, counts))
+            scale_in_place(buf, postscale)
         else:
-            self.transport.allreduce(members, buf, op)
+            self.transport.allreduce_scaled(members, buf, op, postscale)
 
     def _allgather(self, response: Response, entry: Entry | None, members: tuple[int, ...]) -> None:
         assert entry is not None and entry.tensor is not None

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from horovod.common.algorithms.adasum import layout_error as adasum_layout_error
+from horovod.common.reduce_ops import scale_in_place
 from horovod.common.rendezvous import RendezvousClient
 from horovod.common.settings import Settings, Topology
 
@@ -76,6 +77,13 @@ class Transport(ABC):
     @abstractmethod
     def allreduce(self, group: Sequence[int], buf: np.ndarray, op: int) -> None:
         """Reduce `buf` element-wise across the group, in place, identical result on every member."""
+
+    def allreduce_scaled(self, group: Sequence[int], buf: np.ndarray, op: int, postscale: float) -> None:
+        """`allreduce`, then multiply by `postscale` (`scale_in_place`). A transport that can scale
+        each piece while it is still in cache, right after reducing it, overrides this: it saves a
+        pass over the whole buffer (Average's 1/n on every gradient). The bits are the same."""
+        self.allreduce(group, buf, op)
+        scale_in_place(buf, postscale)
 
     @abstractmethod
     def allgatherv(self, group: Sequence[int], send: np.ndarray, recv: np.ndarray,

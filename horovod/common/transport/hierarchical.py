@@ -94,9 +94,14 @@ class HierarchicalTransport(Transport):
         return _Plan(local, local.index(self.rank), crosses)
 
     def allreduce(self, group: Sequence[int], buf: np.ndarray, op: int) -> None:
+        self.allreduce_scaled(group, buf, op, 1.0)
+
+    def allreduce_scaled(self, group: Sequence[int], buf: np.ndarray, op: int, postscale: float) -> None:
+        """Reduce-scatter in the host, allreduce across hosts, allgather in the host; each rank
+        scales only its own part, before the allgather (1/local of the buffer)."""
         plan = self._plan(group, self.hierarchical_allreduce) if buf.size else None
         if plan is None:
-            return self.shm_transport.allreduce(group, buf, op)
+            return self.shm_transport.allreduce_scaled(group, buf, op, postscale)
         assert self.shm is not None
         counts = even_counts(buf.size, len(plan.local))
         lo = offsets(counts)[plan.position]
@@ -104,6 +109,7 @@ class HierarchicalTransport(Transport):
         self.shm.reducescatter(plan.local, buf, part, counts, op)
         if part.size:
             self.tcp.allreduce(plan.crosses[plan.position], part, op)
+        scale_in_place(part, postscale)
         self.shm.allgatherv(plan.local, part, buf, counts)
 
     def adasum(self, group: Sequence[int], buf: np.ndarray, bounds: Sequence[tuple[int, int]]) -> None:

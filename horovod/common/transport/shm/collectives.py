@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from horovod.common.partition import even_counts, offsets
-from horovod.common.reduce_ops import reduce_into
+from horovod.common.reduce_ops import reduce_into, scale_in_place
 from horovod.common.transport.shm.segment import DEPTH, PIECE_BYTES, HostSegments, address
 from horovod.common.transport.shm.signals import CONSUMED, REDUCED, STAGED, Signals
 
@@ -62,14 +62,17 @@ class Collectives:
                 self.rounds[q] = end
 
     # -- the collectives -------------------------------------------------------------------
-    def allreduce(self, group: Sequence[int], buf: np.ndarray, op: int) -> None:
+    def allreduce(self, group: Sequence[int], buf: np.ndarray, op: int, postscale: float = 1.0) -> None:
+        """Reduce `buf` in place and multiply by `postscale`: each piece is scaled right after it is
+        reduced, while it is in cache, rather than in a pass of its own over the whole buffer."""
         gl, pos = self.group(group)
         if len(gl) == 2 and (buf.nbytes <= SMALL_ALLREDUCE_BYTES or not self._descriptor(buf)):
-            self._allreduce_pair(gl, pos, buf, op)
+            self._allreduce_pair(gl, pos, buf, op, postscale)
         elif buf.nbytes <= SMALL_ALLREDUCE_BYTES or buf.size < len(gl):
             self._allreduce_whole(gl, pos, buf, op)
+            scale_in_place(buf, postscale)
         else:
-            self._sliced(gl, pos, buf, None, even_counts(buf.size, len(gl)), op)
+            self._sliced(gl, pos, buf, None, even_counts(buf.size, len(gl)), op, postscale)
 
     def reducescatter(self, group: Sequence[int], buf: np.ndarray, recv: np.ndarray, counts: Sequence[int],
                       op: int) -> None:
@@ -100,7 +103,7 @@ class Collectives:
         self._publish(CONSUMED, gl, bases, 1)
         self._finish(gl, bases, [1] * len(gl))
 
-    def _allreduce_pair(self, gl: list[int], pos: int, buf: np.ndarray, op: int) -> None:
+    def _allreduce_pair(self, gl: list[int], pos: int, buf: np.ndarray, op: int, postscale: float) -> None:
         """Two members: each stages its buffer round by round and reduces the other's copy into its
         own. The operations are commutative (a + b and b + a are the same bits), so both end alike;
         it is as much work as slicing for two, with fewer steps."""
@@ -125,15 +128,17 @@ class Collectives:
             self._wait(q, STAGED, base + r + 1)
             chunk = buf[r * pe: (r + 1) * pe]
             reduce_into(chunk, theirs[r % DEPTH][: chunk.size], op)
+            scale_in_place(chunk, postscale)
             self._progress(gl, bases, min(r + 2, total_rounds), 0, r + 1)
         self._finish(gl, bases, [total_rounds] * 2)
 
     def _sliced(self, gl: list[int], pos: int, buf: np.ndarray, out: np.ndarray | None, counts: Sequence[int],
-                op: int) -> None:
+                op: int, postscale: float = 1.0) -> None:
         """Reduce `buf` slice by slice: member i reduces slice i (counts[i] elements).
 
         With `out` None (allreduce) every member then copies the others' reduced slices into `buf`;
-        otherwise (reducescatter) our reduced slice goes to `out` and that is all. Round r stages
+        otherwise (reducescatter) our reduced slice goes to `out` and that is all. Each reduced
+        piece is multiplied by `postscale` before anyone reads it. Round r stages
         piece r of every slice; our progress (staged, reduced, consumed) goes out once per round.
         """
         n, dtype = len(gl), buf.dtype
@@ -201,6 +206,7 @@ class Collectives:
                     peer_desc[i] = self.segments[q].slot_desc[0]
                 if hi > lo:
                     reduce_into(target, source(i, q, pos, r, lo, hi), op)
+            scale_in_place(target, postscale)  # before anyone gathers our reduced piece
             if gather and not desc and hi > lo:
                 np.copyto(own_slots[r % DEPTH][pos * pe: pos * pe + hi - lo], target)
             # Consumption is reported a round late; DEPTH >= 3 keeps that from stalling stage().

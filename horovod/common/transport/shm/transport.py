@@ -9,6 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from horovod.common.logging import log
+from horovod.common.reduce_ops import scale_in_place
 from horovod.common.transport.base import Transport, TransportContext
 from horovod.common.transport.shm.collectives import Collectives
 from horovod.common.transport.shm.mailbox import Mailbox
@@ -89,9 +90,15 @@ class ShmTransport(Transport):
 
     # -- data plane ---------------------------------------------------------------------------
     def allreduce(self, group: Sequence[int], buf: np.ndarray, op: int) -> None:
+        self.allreduce_scaled(group, buf, op, 1.0)
+
+    def allreduce_scaled(self, group: Sequence[int], buf: np.ndarray, op: int, postscale: float) -> None:
         if len(group) == 1 or buf.size == 0:
-            return
-        self._route(group)[0].allreduce(group, buf, op)
+            scale_in_place(buf, postscale)
+        elif self._route(group)[0] is self.shm:
+            self.shm.allreduce(group, buf, op, postscale)
+        else:
+            self.tcp.allreduce_scaled(group, buf, op, postscale)
 
     def adasum(self, group: Sequence[int], buf: np.ndarray, bounds: Sequence[tuple[int, int]]) -> None:
         # Adasum is pairwise exchanges of halves: it runs over the mesh's point-to-point links,
