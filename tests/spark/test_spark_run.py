@@ -117,5 +117,3 @@ def test_bad_arguments_fail_before_any_task_starts(spark):
         horovod.spark.run(_train, num_proc=0)
     with pytest.raises(NotImplementedError, match="use_mpi"):
         horovod.spark.run(_train, num_proc=2, use_mpi=True)
-    with pytest.raises(NotImplementedError, match=r"run_elastic is not available .* horovod.run\(fn, num_proc"):
-        horovod.spark.run_elastic(_train, num_proc=2, min_num_proc=1)
