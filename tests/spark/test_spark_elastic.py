@@ -12,7 +12,7 @@ import uuid
 import cloudpickle
 import pytest
 
-from tests.spark.test_spark_run import _none_left
+from tests.spark.helpers import none_left
 
 # The functions below travel to the workers by value: the workers cannot import this test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -82,7 +82,7 @@ def test_a_worker_killed_mid_training_leaves_the_survivor_to_finish(spark, tmp_p
     sizes = result["sizes"]
     assert len(sizes) == 12 and sizes[:3] == [2, 2, 2] and set(sizes[3:]) <= {1, 2} and sizes[-1] == 1
     assert result["total"] == sum(sizes)
-    assert _none_left(tag) == []
+    assert none_left(tag) == []
 
 
 def test_a_killed_spark_task_is_a_host_that_left_and_its_rerun_one_that_came(spark, tmp_path):
