@@ -1,10 +1,11 @@
 """The driver side of the Spark stage that hosts the workers of one `horovod.spark.run`.
 
 `TaskStage` is what both kinds of stage share; `BarrierStage` is `run`'s (all tasks together or
-none), `horovod.spark.elastic.ElasticStage` is `run_elastic`'s (tasks come and go). The stage is submitted from a thread of its own (Spark's `collect` blocks until every task is
-done) under a job group of its own, so it can be cancelled: when the tasks do not all start in
-time (barrier mode starts all of them together or none, so too few free slots means none start),
-and whenever the run ends before the stage did. A task that Spark loses never reports its
+none), `horovod.spark.elastic.ElasticStage` is `run_elastic`'s (tasks come and go). The stage is
+submitted from a thread of its own (Spark's `collect` blocks until every task is done) under a
+job group of its own, so it can be cancelled: when the tasks do not all start in time (barrier
+mode starts all of them together or none, so too few free slots means none start), and whenever
+the run ends before the stage did. A task that Spark loses never reports its
 worker's exit itself; once the stage is over, the driver reports it for them (`LOST_TASK`) so the
 failure policy sees the worker gone instead of waiting for it.
 """
@@ -71,10 +72,6 @@ class TaskStage(abc.ABC):
     @property
     def running(self) -> bool:
         return self._thread.is_alive()
-
-    def cancel(self) -> None:
-        """Stop the tasks Spark still runs or has yet to start."""
-        self._sc.cancelJobGroup(self._group)
 
 
 class BarrierStage(TaskStage):

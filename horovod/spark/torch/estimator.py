@@ -7,6 +7,9 @@ epoch (`torch.save` of the model's and optimizer's state, and the epoch). The mo
 `model(*features)`, one tensor per feature column; `loss(outputs, labels)` with a float label
 reshaped to the output's shape when they hold as many values (a (B,) column against a (B, 1)
 output), so a plain `mse_loss` works.
+
+The loop (`train`) is shared with `horovod.spark.lightning`: what differs between the two is a
+`Steps` object (how the optimizer is built, what one training and one validation batch compute).
 """
 
 from __future__ import annotations
