@@ -47,11 +47,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             settings = dataclasses.replace(settings, dynamic_process_sets=True)
             process_sets = None
         hvd_logging.configure(settings.log_level, settings.log_hide_time)
-        membership = bootstrap.join(settings, _state.last_round(), comm)
-        _state.record_round(membership.round)
-        # From here on the slot is the bootstrap's: everything below reads it from these settings.
-        settings = dataclasses.replace(settings, topology=membership.topology)
-        transport, sets = _connect(settings, membership, process_sets)
+        settings, membership, transport, sets = _join(settings, comm, process_sets)
         rt = _build_runtime(settings, membership, transport, sets)
         _state.install(rt)
         rt.engine.start()
@@ -59,6 +55,25 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
+
+
+def _join(settings: Settings, comm: Any, process_sets: Sequence[ProcessSet] | None
+          ) -> tuple[Settings, bootstrap.Membership, Transport, list[ProcessSet]]:
+    """Join a round and connect to its members. An elastic worker whose round is superseded while
+    it connects (a host left as another came) joins the newer round, as `hvd.elastic.run` does
+    after a failure; each attempt is bounded by the start timeout."""
+    while True:
+        membership = bootstrap.join(settings, _state.last_round(), comm)
+        _state.record_round(membership.round)
+        # From here on the slot is the bootstrap's: everything below reads it from these settings.
+        joined = dataclasses.replace(settings, topology=membership.topology)
+        try:
+            transport, sets = _connect(joined, membership, process_sets)
+        except HorovodInternalError:
+            if not settings.elastic:
+                raise
+            continue
+        return joined, membership, transport, sets
 
 
 def _connect(settings: Settings, membership: bootstrap.Membership,

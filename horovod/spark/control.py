@@ -13,6 +13,15 @@ it, keyed by the task's partition index:
 | `spark.output` | `<index>.<n>` | wire-encoded `(stream name, line)`, the n-th line | task |
 | `spark.output` | `<index>.end` | UTF-8 count of lines once the worker's pipes are drained | task |
 | `spark.exit` | `<index>` | UTF-8 return code of the worker | task, or the driver for a task that Spark lost |
+
+In an elastic job (`run_elastic`) a task is known by its name (`task_name`: partition and attempt,
+so a task Spark runs again is a new host) and may host several workers in turn, each keyed
+`<name>.<n>` (`worker_key`) in the scopes above; two more scopes say who is alive and when to stop:
+
+| scope | key | value | written by |
+|---|---|---|---|
+| `spark.alive` | `<name>` | UTF-8 `<host> <beat>`, the beat counting up every `HEARTBEAT_SECONDS` | task |
+| `spark.done` | `job` | empty: the job is over, tasks return | driver |
 """
 
 from __future__ import annotations
@@ -25,9 +34,26 @@ START = "spark.start"
 SIGNAL = "spark.signal"
 OUTPUT = "spark.output"
 EXIT = "spark.exit"
+ALIVE = "spark.alive"
+DONE = "spark.done"
+
+#: How often an elastic task says it is alive, and how long the driver waits before it counts a
+#: silent one as gone (its Python process died, or its executor did).
+HEARTBEAT_SECONDS = 0.5
+HEARTBEAT_TIMEOUT_SECONDS = 5.0
 
 #: The return code reported for a worker whose Spark task ended without saying how it went.
 LOST_TASK = 255
+
+
+def task_name(partition: int, attempt: int) -> str:
+    """An elastic task's name, its host name in the elastic driver."""
+    return f"task-{partition}-{attempt}"
+
+
+def worker_key(task: str, started: int) -> str:
+    """The key of the `started`-th worker (from 0) that elastic task `task` hosts."""
+    return f"{task}.{started}"
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ hosts the slot (`spark.start`); the `SparkWorker` it returns is the `WorkerProce
 policy (`horovod.runner.job`) sees: it reads the exit code the task reports, forwards signals,
 and shows the lines the task streams back as `[rank]<stdout>:` lines, like a local worker's.
 Which task hosts which slot is the placement `horovod.spark.runner` decided from the hosts the
-tasks registered (`launcher_options["placement"]`: JSON `{host: [task index by local rank]}`).
+tasks registered (`launcher_options["placement"]`: JSON `{host: [task index by local rank]}`);
+in an elastic job (`ElasticSparkLauncher`) each host is a task of its own.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def _client(address: ControlAddress) -> RendezvousClient:
 class SparkWorker:
     """One worker in a Spark task, as `horovod.runner.launchers.base.WorkerProcess`."""
 
-    def __init__(self, slot: SlotInfo, index: int, address: ControlAddress, output: OutputOptions) -> None:
-        self.slot, self.index = slot, index
+    def __init__(self, slot: SlotInfo, key: str, address: ControlAddress, output: OutputOptions) -> None:
+        self.slot, self.key = slot, key
         self._address, self._output = address, output
         self._client = _client(address)  # short requests only: blocking waits would hold its lock
         self._returncode: int | None = None
@@ -49,7 +50,7 @@ class SparkWorker:
 
     def send(self, argv: tuple[str, ...], env: Mapping[str, str]) -> None:
         """Hand the worker to its task, and start showing what it prints."""
-        self._client.put(control.START, str(self.index), cloudpickle.dumps((list(argv), dict(env))))
+        self._client.put(control.START, self.key, cloudpickle.dumps((list(argv), dict(env))))
         self._pump.start()
 
     @property
@@ -61,7 +62,7 @@ class SparkWorker:
         while self._returncode is None:
             left = _POLL_SECONDS if deadline is None else min(_POLL_SECONDS, deadline - time.monotonic())
             try:
-                value = self._client.get(control.EXIT, str(self.index), max(0.0, left))
+                value = self._client.get(control.EXIT, self.key, max(0.0, left))
             except TimeoutError:
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
@@ -76,7 +77,7 @@ class SparkWorker:
             return
         with self._signal_lock:
             try:
-                self._client.put(control.SIGNAL, f"{self.index}.{self._signals}", str(signum).encode())
+                self._client.put(control.SIGNAL, f"{self.key}.{self._signals}", str(signum).encode())
             except OSError:
                 return
             self._signals += 1
@@ -98,7 +99,7 @@ class SparkWorker:
             line_no = 0
             while True:
                 try:
-                    name, raw = wire.decode(client.get(control.OUTPUT, f"{self.index}.{line_no}", _POLL_SECONDS))
+                    name, raw = wire.decode(client.get(control.OUTPUT, f"{self.key}.{line_no}", _POLL_SECONDS))
                 except TimeoutError:
                     if self._no_more_lines(client, line_no):
                         return
@@ -116,9 +117,9 @@ class SparkWorker:
 
     def _no_more_lines(self, client: RendezvousClient, line_no: int) -> bool:
         """All lines shown, or the task is gone without saying how many there were."""
-        if f"{self.index}.end" in client.keys(control.OUTPUT):
-            return int(client.get(control.OUTPUT, f"{self.index}.end", 0.0)) <= line_no
-        return str(self.index) in client.keys(control.EXIT) and self._returncode == control.LOST_TASK
+        if f"{self.key}.end" in client.keys(control.OUTPUT):
+            return int(client.get(control.OUTPUT, f"{self.key}.end", 0.0)) <= line_no
+        return self.key in client.keys(control.EXIT) and self._returncode == control.LOST_TASK
 
 
 class SparkLauncher:
@@ -131,6 +132,24 @@ class SparkLauncher:
 
     def start(self, slot: SlotInfo, env: Mapping[str, str]) -> SparkWorker:
         ctx = self.context
-        worker = SparkWorker(slot, self._placement[slot.hostname][slot.local_rank], self._address, ctx.output)
+        worker = SparkWorker(slot, str(self._placement[slot.hostname][slot.local_rank]), self._address, ctx.output)
+        worker.send(ctx.command, {**env, SECRET_KEY_ENV: ctx.secret_hex})
+        return worker
+
+
+class ElasticSparkLauncher:
+    """`run_elastic`'s launcher: each host is one Spark task (its name, `control.task_name`) that
+    may host one worker after another: the n-th worker started there has key `<task>.<n>`."""
+
+    def __init__(self, context: LaunchContext) -> None:
+        self.context = context
+        self._address = ControlAddress.from_options(context.launcher_options)
+        self._started: collections.Counter[str] = collections.Counter()
+
+    def start(self, slot: SlotInfo, env: Mapping[str, str]) -> SparkWorker:
+        ctx = self.context
+        key = control.worker_key(slot.hostname, self._started[slot.hostname])
+        self._started[slot.hostname] += 1
+        worker = SparkWorker(slot, key, self._address, ctx.output)
         worker.send(ctx.command, {**env, SECRET_KEY_ENV: ctx.secret_hex})
         return worker

@@ -10,6 +10,7 @@ same failure policy and report, with the `spark` launcher starting each worker i
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -22,6 +23,7 @@ from horovod.common import wire
 from horovod.common.rendezvous import RendezvousServer
 from horovod.common.settings import env_float
 from horovod.runner import function_job_spec, launch, run_spec
+from horovod.runner.job import JobSpec
 from horovod.runner.launchers import OutputOptions
 from horovod.spark.control import ControlAddress
 from horovod.spark.stage import BarrierStage
@@ -29,7 +31,7 @@ from horovod.spark.stage import BarrierStage
 _DEFAULT_START_TIMEOUT = 600.0  # Horovod's HOROVOD_SPARK_START_TIMEOUT default
 
 
-def _active_spark_context() -> Any:
+def active_spark_context() -> Any:
     from pyspark import SparkContext
 
     sc = SparkContext._active_spark_context
@@ -49,7 +51,7 @@ def placement(hosts: dict[int, str]) -> dict[str, list[int]]:
 
 
 @contextlib.contextmanager
-def _redirected(stdout: IO[str] | None, stderr: IO[str] | None) -> Iterator[None]:
+def redirected(stdout: IO[str] | None, stderr: IO[str] | None) -> Iterator[None]:
     """Show the workers' output on the given streams for the duration of the run."""
     with contextlib.ExitStack() as stack:
         if stdout is not None:
@@ -57,6 +59,43 @@ def _redirected(stdout: IO[str] | None, stderr: IO[str] | None) -> Iterator[None
         if stderr is not None:
             stack.enter_context(contextlib.redirect_stderr(stderr))
         yield
+
+
+@contextlib.contextmanager
+def control_store(sc: Any) -> Iterator[tuple[RendezvousServer, ControlAddress]]:
+    """The store the driver serves for its tasks (`horovod.spark.control`), for one run."""
+    driver_host = socket.gethostbyname(sc.getConf().get("spark.driver.host", "127.0.0.1"))
+    secret = wire.new_secret_key()
+    store = RendezvousServer(secret, driver_host)
+    address = ControlAddress(driver_host, store.start(), secret.hex())
+    try:
+        yield store, address
+    finally:
+        store.stop()
+
+
+def job_spec(hosts: str, num_proc: int, start_timeout: float, verbose: int, nics: Sequence[str] | None,
+             prefix_output_with_timestamp: bool, executable: str | None, env: dict[str, str] | None,
+             launcher: str, options: dict[str, str]) -> tuple[argparse.Namespace, JobSpec]:
+    """The flags and the job of `horovod.run` for a function whose workers live in Spark tasks."""
+    hargs = launch.default_args()
+    hargs.num_proc, hargs.start_timeout, hargs.verbose = num_proc, start_timeout, verbose >= 2
+    hargs.hosts = hosts
+    hargs.prefix_output_with_timestamp = prefix_output_with_timestamp
+    hargs.nics = list(nics) if nics else None
+    launch.validate(hargs)
+    spec = function_job_spec(hargs, executable)
+    spec = dataclasses.replace(
+        spec, launcher=launcher, extra_env={**spec.extra_env, **(env or {})}, launcher_options=options,
+        output=OutputOptions(prefix_timestamp=prefix_output_with_timestamp))
+    return hargs, spec
+
+
+def default_start_timeout(start_timeout: float | None) -> float:
+    """`start_timeout`, else `HOROVOD_SPARK_START_TIMEOUT`, else Horovod's 600 s."""
+    if start_timeout is not None:
+        return start_timeout
+    return env_float(os.environ, "HOROVOD_SPARK_START_TIMEOUT", _DEFAULT_START_TIMEOUT)
 
 
 def run(
@@ -90,42 +129,18 @@ def run(
                                   "our own launcher in Spark tasks (the Gloo path); leave use_mpi unset")
     if extra_mpi_args:
         raise ValueError("extra_mpi_args only applies with use_mpi=True, which is not available here")
-    sc = _active_spark_context()
+    sc = active_spark_context()
     num_proc = sc.defaultParallelism if num_proc is None else num_proc
     if num_proc < 1:
         raise ValueError(f"num_proc must be at least 1, got {num_proc}")
-    if start_timeout is None:
-        start_timeout = env_float(os.environ, "HOROVOD_SPARK_START_TIMEOUT", _DEFAULT_START_TIMEOUT)
-    driver_host = socket.gethostbyname(sc.getConf().get("spark.driver.host", "127.0.0.1"))
-    secret = wire.new_secret_key()
-    store = RendezvousServer(secret, driver_host)
-    address = ControlAddress(driver_host, store.start(), secret.hex())
-    try:
-        with BarrierStage(sc, num_proc, store, address, start_timeout) as stage, _redirected(stdout, stderr):
-            by_host = placement(stage.wait_registered())
-            hargs = launch.default_args()
-            hargs.num_proc, hargs.start_timeout, hargs.verbose = num_proc, start_timeout, verbose >= 2
-            hargs.hosts = ",".join(f"{host}:{len(tasks)}" for host, tasks in by_host.items())
-            hargs.prefix_output_with_timestamp = prefix_output_with_timestamp
-            hargs.nics = list(nics) if nics else None
-            launch.validate(hargs)
-            spec = function_job_spec(hargs, executable)
-            spec = dataclasses.replace(
-                spec, launcher="spark", extra_env={**spec.extra_env, **(env or {})},
-                launcher_options={**address.as_options(), "placement": json.dumps(by_host)},
-                output=OutputOptions(prefix_timestamp=prefix_output_with_timestamp))
-            if verbose >= 2:
-                print(f"horovod.spark.run: {num_proc} ranks on {by_host}", file=sys.stderr, flush=True)
-            return run_spec(hargs, spec, fn, args, kwargs)
-    finally:
-        store.stop()
-
-
-def run_elastic(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
-    """Horovod's elastic form of `run`: not built yet. It says so, and what to use meanwhile,
-    rather than being missing (an AttributeError) or running a fixed-size job in its place."""
-    raise NotImplementedError(
-        "horovod.spark.run_elastic is not available in khorovod yet. For a job that survives lost workers, "
-        "run the function with horovod.run(fn, num_proc=..., min_num_proc=..., max_num_proc=..., "
-        "host_discovery_script=...) or a script with horovodrun --min-np/--max-np (docs/elastic.md); "
-        "horovod.spark.run runs a fixed-size job in Spark tasks.")
+    start_timeout = default_start_timeout(start_timeout)
+    with control_store(sc) as (store, address), \
+            BarrierStage(sc, num_proc, store, address, start_timeout) as stage, redirected(stdout, stderr):
+        by_host = placement(stage.wait_registered())
+        hargs, spec = job_spec(
+            ",".join(f"{host}:{len(tasks)}" for host, tasks in by_host.items()), num_proc, start_timeout,
+            verbose, nics, prefix_output_with_timestamp, executable, env, "spark",
+            {**address.as_options(), "placement": json.dumps(by_host)})
+        if verbose >= 2:
+            print(f"horovod.spark.run: {num_proc} ranks on {by_host}", file=sys.stderr, flush=True)
+        return run_spec(hargs, spec, fn, args, kwargs)

@@ -1,4 +1,5 @@
-"""The executor side of `horovod.spark.run`: one barrier task hosts one Horovod worker process.
+"""The executor side of `horovod.spark.run`: one barrier task hosts one Horovod worker process
+(and of `run_elastic`: one task hosts workers one after another, saying it is alive meanwhile).
 
 The task says where it runs, waits for the driver to send the worker's command and environment,
 starts it as a child in its own session (so a signal reaches everything it started), streams its
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import threading
 from typing import IO, Any, Callable, Iterable, Iterator
@@ -49,8 +51,8 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
 class _OutputSender:
     """Sends the worker's stdout and stderr lines to the driver, numbered in the order read."""
 
-    def __init__(self, client: RendezvousClient, index: int) -> None:
-        self._client, self._index = client, index
+    def __init__(self, client: RendezvousClient, key: str) -> None:
+        self._client, self._key = client, key
         self._lock = threading.Lock()
         self._count = 0
 
@@ -58,51 +60,127 @@ class _OutputSender:
         try:
             for raw in iter(pipe.readline, b""):
                 with self._lock:
-                    self._client.put(control.OUTPUT, f"{self._index}.{self._count}", wire.encode((name, raw)))
+                    self._client.put(control.OUTPUT, f"{self._key}.{self._count}", wire.encode((name, raw)))
                     self._count += 1
         finally:
             pipe.close()
 
     def close(self) -> None:
-        self._client.put(control.OUTPUT, f"{self._index}.end", str(self._count).encode())
+        self._client.put(control.OUTPUT, f"{self._key}.end", str(self._count).encode())
+
+
+def run_worker(client: RendezvousClient, key: str, argv: list[str], env: dict[str, str]) -> int:
+    """Run one worker to its end: stream its output and pass on the driver's signals under `key`,
+    then report its exit code (`control.EXIT`) and return it."""
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent)
+    try:
+        sender = _OutputSender(client, key)
+        pumps = [threading.Thread(target=sender.pump, args=(pipe, name), daemon=True)
+                 for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))]
+        for pump in pumps:
+            pump.start()
+        signals = 0
+        while proc.poll() is None:
+            try:
+                signum = int(client.get(control.SIGNAL, f"{key}.{signals}", _SIGNAL_POLL_SECONDS))
+            except TimeoutError:
+                continue
+            signals += 1
+            try:
+                os.killpg(proc.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+        for pump in pumps:
+            pump.join()
+        sender.close()
+    finally:
+        _kill_group(proc)  # whatever the worker left running in its group, or all of it if we were interrupted
+        proc.wait()
+    client.put(control.EXIT, key, str(proc.returncode).encode())
+    return proc.returncode
+
+
+def connect(address: ControlAddress, start_timeout: float) -> RendezvousClient:
+    """A task's connection to the driver's control store."""
+    return RendezvousClient(address.host, address.port, bytes.fromhex(address.secret_hex),
+                            connect_timeout=start_timeout)
 
 
 def host_worker(index: int, host: str, address: ControlAddress, start_timeout: float) -> int:
     """Register as task `index` on `host`, run the worker the driver sends, return its exit code."""
-    client = RendezvousClient(address.host, address.port, bytes.fromhex(address.secret_hex),
-                              connect_timeout=start_timeout)
+    client = connect(address, start_timeout)
     try:
         client.put(control.TASKS, str(index), host.encode())
         argv, env = cloudpickle.loads(client.get(control.START, str(index), start_timeout))
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent)
-        try:
-            sender = _OutputSender(client, index)
-            pumps = [threading.Thread(target=sender.pump, args=(pipe, name), daemon=True)
-                     for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))]
-            for pump in pumps:
-                pump.start()
-            signals = 0
-            while proc.poll() is None:
-                try:
-                    signum = int(client.get(control.SIGNAL, f"{index}.{signals}", _SIGNAL_POLL_SECONDS))
-                except TimeoutError:
-                    continue
-                signals += 1
-                try:
-                    os.killpg(proc.pid, signum)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            for pump in pumps:
-                pump.join()
-            sender.close()
-        finally:
-            _kill_group(proc)  # whatever the worker left running in its group, or all of it if we were interrupted
-            proc.wait()
-        client.put(control.EXIT, str(index), str(proc.returncode).encode())
-        return proc.returncode
+        return run_worker(client, str(index), argv, env)
     finally:
         client.close()
+
+
+class _Heartbeat:
+    """Says "task `name` on `host` is alive" every `control.HEARTBEAT_SECONDS`, on a connection of
+    its own (the task's is held by long waits), until stopped."""
+
+    def __init__(self, address: ControlAddress, name: str, host: str, start_timeout: float) -> None:
+        self._client = connect(address, start_timeout)
+        self._name, self._host = name, host
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="hvd-spark-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        beat = 0
+        while True:
+            try:
+                self._client.put(control.ALIVE, self._name, f"{self._host} {beat}".encode())
+            except OSError:  # the driver's store is gone: the job is over
+                return
+            beat += 1
+            if self._stopped.wait(control.HEARTBEAT_SECONDS):
+                return
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+        self._client.close()
+
+
+def serve_elastic(name: str, host: str, address: ControlAddress, start_timeout: float) -> int:
+    """Be elastic task `name`: host the workers the driver sends, one after another, until it says
+    the job is over (or its store is gone); the number of workers hosted."""
+    client = connect(address, start_timeout)
+    heartbeat = _Heartbeat(address, name, host, start_timeout)
+    started = 0
+    try:
+        while not client.keys(control.DONE):
+            key = control.worker_key(name, started)
+            try:
+                argv, env = cloudpickle.loads(client.get(control.START, key, _SIGNAL_POLL_SECONDS))
+            except TimeoutError:
+                continue
+            run_worker(client, key, argv, env)
+            started += 1
+    except OSError:
+        pass
+    finally:
+        heartbeat.stop()
+        client.close()
+    return started
+
+
+def elastic_task(address: ControlAddress, start_timeout: float) -> Callable[[Iterable[Any]], Iterator[tuple[int, int]]]:
+    """The function each task of `run_elastic` runs (`rdd.mapPartitions`): yields (partition,
+    workers hosted). A task Spark runs again is a new elastic host (its attempt is in its name)."""
+
+    def run(_rows: Iterable[Any]) -> Iterator[tuple[int, int]]:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        name = control.task_name(context.partitionId(), context.attemptNumber())
+        yield context.partitionId(), serve_elastic(name, socket.gethostname(), address, start_timeout)
+
+    return run
 
 
 def barrier_task(address: ControlAddress, start_timeout: float) -> Callable[[Iterable[Any]], Iterator[tuple[int, int]]]:

@@ -35,3 +35,8 @@ def test_spark_run_example(spark, capsys):
 def test_torch_estimator_example(spark, tmp_path):
     pytest.importorskip("torch")
     assert _load("torch_estimator.py").main(spark, num_proc=2, store_path=str(tmp_path), epochs=4) < 0.2
+
+
+def test_keras_estimator_example(spark, tmp_path):
+    pytest.importorskip("keras")
+    assert _load("keras_estimator.py").main(spark, num_proc=2, store_path=str(tmp_path), epochs=4) > 0.9

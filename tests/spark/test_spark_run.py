@@ -11,6 +11,8 @@ import uuid
 import cloudpickle
 import pytest
 
+from tests.spark.helpers import none_left
+
 # The functions below travel to the workers by value: the workers cannot import this test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -39,28 +41,6 @@ def _fail_on_rank_one() -> int:
     return hvd.rank()
 
 
-def _workers_with(tag: str) -> list[int]:
-    """Pids of processes (anywhere on this machine) started with KHVD_SPARK_TAG=tag."""
-    needle = f"KHVD_SPARK_TAG={tag}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if needle in f.read().split(b"\0"):
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
-
-
-def _none_left(tag: str, seconds: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + seconds
-    while _workers_with(tag) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return _workers_with(tag)
-
-
 def test_results_by_rank_local_ranks_env_and_stdout(spark):
     import horovod.spark
 
@@ -74,7 +54,7 @@ def test_results_by_rank_local_ranks_env_and_stdout(spark):
     assert all(r["sum"] == 30.0 for r in results)  # (1 + 2) * 10
     text = out.getvalue()
     assert "[0]<stdout>:hello from rank 0" in text and "[1]<stdout>:hello from rank 1" in text
-    assert _none_left(tag) == []
+    assert none_left(tag) == []
 
 
 def test_default_num_proc_is_the_default_parallelism(spark):
@@ -95,7 +75,7 @@ def test_a_failing_task_names_rank_host_and_traceback_then_a_second_run_works(sp
     assert "rank 1" in message and "127.0.0.1" in message
     assert "ValueError: rank one fails on purpose" in message and "Traceback" in message
     assert "Py4JJavaError" not in message
-    assert _none_left(tag) == []
+    assert none_left(tag) == []
     assert horovod.spark.run(_train, args=(1.0,), num_proc=2, stdout=io.StringIO())[1]["rank"] == 1
 
 
@@ -117,5 +97,3 @@ def test_bad_arguments_fail_before_any_task_starts(spark):
         horovod.spark.run(_train, num_proc=0)
     with pytest.raises(NotImplementedError, match="use_mpi"):
         horovod.spark.run(_train, num_proc=2, use_mpi=True)
-    with pytest.raises(NotImplementedError, match=r"run_elastic is not available .* horovod.run\(fn, num_proc"):
-        horovod.spark.run_elastic(_train, num_proc=2, min_num_proc=1)

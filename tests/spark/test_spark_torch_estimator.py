@@ -11,15 +11,7 @@ pytestmark = pytest.mark.timeout(600)
 
 torch = pytest.importorskip("torch")
 
-
-def _frame(spark, rows: int = 240):
-    from pyspark.ml.feature import VectorAssembler
-
-    rng = np.random.default_rng(0)
-    x = rng.uniform(-1, 1, size=(rows, 2))
-    y = 2.0 * x[:, 0] - 3.0 * x[:, 1] + 1.0
-    df = spark.createDataFrame([(float(a), float(b), float(t)) for (a, b), t in zip(x, y)], ["a", "b", "y"])
-    return VectorAssembler(inputCols=["a", "b"], outputCol="features").transform(df)
+from tests.spark.helpers import linear_frame  # noqa: E402
 
 
 def test_fit_transform_checkpoint_save_load(spark, tmp_path):
@@ -34,7 +26,7 @@ def test_fit_transform_checkpoint_save_load(spark, tmp_path):
                                batch_size=16, epochs=12, validation=0.2, store=store, random_seed=1,
                                run_id="linear", verbose=0, partitions_per_process=1)
     assert estimator.getBatchSize() == 16 and estimator.setEpochs(15).getEpochs() == 15
-    df = _frame(spark)
+    df = linear_frame(spark)
     fitted = estimator.fit(df)
 
     history = fitted.getHistory()
@@ -69,10 +61,10 @@ def test_estimator_errors_are_clear(spark, tmp_path):
     estimator = TorchEstimator(num_proc=2, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                                loss=torch.nn.functional.mse_loss, label_cols=["y"], store=Store.create(str(tmp_path)))
     with pytest.raises(ValueError, match="feature_cols= is required"):
-        estimator.fit(_frame(spark, 8))
+        estimator.fit(linear_frame(spark, 8))
     estimator.setFeatureCols(["nope"])
     with pytest.raises(ValueError, match="no column 'nope'"):
-        estimator.fit(_frame(spark, 8))
+        estimator.fit(linear_frame(spark, 8))
 
 
 def test_parameters_not_applied_are_refused_not_ignored(spark, tmp_path):
@@ -84,7 +76,7 @@ def test_parameters_not_applied_are_refused_not_ignored(spark, tmp_path):
                                loss=torch.nn.functional.mse_loss, feature_cols=["features"], label_cols=["y"],
                                store=Store.create(str(tmp_path)), transformation_fn=lambda pdf: pdf)
     with pytest.raises(NotImplementedError, match="transformation_fn= is not supported"):
-        estimator.fit(_frame(spark, 8))
+        estimator.fit(linear_frame(spark, 8))
     estimator.setTransformationFn(None).setCallbacks([object()])
     with pytest.raises(NotImplementedError, match="callbacks= is not supported"):
-        estimator.fit(_frame(spark, 8))
+        estimator.fit(linear_frame(spark, 8))

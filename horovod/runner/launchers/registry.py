@@ -15,6 +15,7 @@ _FACTORIES: dict[str, str] = {
     "ssh": "horovod.runner.launchers.ssh:SshLauncher",
     "ray": "horovod.ray.launcher:RayLauncher",  # a Ray actor on the node named by the slot's host
     "spark": "horovod.spark.launcher:SparkLauncher",
+    "spark_elastic": "horovod.spark.launcher:ElasticSparkLauncher",  # a host is one Spark task
 }
 
 

@@ -7,13 +7,16 @@ epoch (`torch.save` of the model's and optimizer's state, and the epoch). The mo
 `model(*features)`, one tensor per feature column; `loss(outputs, labels)` with a float label
 reshaped to the output's shape when they hold as many values (a (B,) column against a (B, 1)
 output), so a plain `mse_loss` works.
+
+The loop (`train`) is shared with `horovod.spark.lightning`: what differs between the two is a
+`Steps` object (how the optimizer is built, what one training and one validation batch compute).
 """
 
 from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import cloudpickle
 import numpy as np
@@ -22,18 +25,55 @@ from horovod.spark.common.data import PreparedData, epoch_batches, read_shard
 from horovod.spark.common.estimator import HorovodEstimator, HorovodModel, TrainingPlan, TrainResult
 
 
+class Steps(Protocol):
+    """What one kind of estimator computes inside the shared training loop (`train`): this
+    module's for a plain `nn.Module`, `horovod.spark.lightning`'s for a LightningModule."""
+
+    def optimizer(self, model: Any) -> tuple[Any, Any]:
+        """The optimizer for this rank's `model`, and an LR scheduler stepped per epoch (or None)."""
+
+    def train_step(self, model: Any, batch: dict[str, Any], index: int) -> tuple[Any, dict[str, float]]:
+        """The loss to back-propagate for one batch (by column), and metrics to average per epoch."""
+
+    def val_step(self, model: Any, batch: dict[str, Any], index: int) -> dict[str, float]:
+        """Validation values of one batch (averaged per epoch, e.g. `val_loss`)."""
+
+
 @dataclass(frozen=True)
-class _TrainConfig:
-    """What a PyTorch rank needs besides the plan."""
+class TrainConfig:
+    """What a PyTorch rank needs: the model, the estimator's `Steps`, the compression, the plan."""
 
     model: bytes
+    steps: Steps
+    compression: Any
+    plan: TrainingPlan
+
+
+@dataclass(frozen=True)
+class _ModuleSteps:
+    """`TorchEstimator`'s steps: `loss(model(*features), labels)`, metrics on the outputs."""
+
     optimizer_cls: type
     optimizer_defaults: dict[str, Any]
     optimizer_state: dict[str, Any]
     loss: Any
     metrics: Sequence[Callable[..., Any]]
-    compression: Any
-    plan: TrainingPlan
+    feature_cols: Sequence[str]
+    label_cols: Sequence[str]
+
+    def optimizer(self, model: Any) -> tuple[Any, Any]:
+        optimizer = self.optimizer_cls(model.parameters(), **self.optimizer_defaults)
+        optimizer.load_state_dict(self.optimizer_state)
+        return optimizer, None
+
+    def train_step(self, model: Any, batch: dict[str, Any], index: int) -> tuple[Any, dict[str, float]]:
+        labels = [batch[col] for col in self.label_cols]
+        outputs = model(*(batch[col] for col in self.feature_cols))
+        return _loss(self.loss, outputs, labels), {m.__name__: float(m(outputs, labels[0])) for m in self.metrics}
+
+    def val_step(self, model: Any, batch: dict[str, Any], index: int) -> dict[str, float]:
+        outputs = model(*(batch[col] for col in self.feature_cols))
+        return {"val_loss": _loss(self.loss, outputs, [batch[col] for col in self.label_cols]).item()}
 
 
 def _loss(loss: Any, outputs: Any, labels: list[Any]) -> Any:
@@ -47,60 +87,66 @@ def _loss(loss: Any, outputs: Any, labels: list[Any]) -> Any:
     return total
 
 
-def _batches(torch: Any, arrays: dict[str, np.ndarray], cols: Sequence[str], index: np.ndarray) -> list[Any]:
-    return [torch.as_tensor(arrays[col][index]) for col in cols]
+def _batch(torch: Any, arrays: dict[str, np.ndarray], index: np.ndarray) -> dict[str, Any]:
+    return {col: torch.as_tensor(values[index]) for col, values in arrays.items()}
 
 
-def _train(config: _TrainConfig) -> TrainResult | None:
+def _epoch_means(hvd: Any, sums: dict[str, float], steps: int) -> dict[str, float]:
+    """Each value's mean over the epoch's steps and the ranks (gathered as objects: a value one
+    rank never produced cannot leave the others waiting in a collective)."""
+    gathered = hvd.allgather_object(sums)
+    names = sorted({name for rank_sums in gathered for name in rank_sums})
+    return {name: sum(s.get(name, 0.0) for s in gathered) / (steps * len(gathered)) for name in names}
+
+
+def train(config: TrainConfig) -> TrainResult | None:
     """One rank's training; rank 0 returns the history, the trained model and its output shapes."""
     import torch
 
     import horovod.torch as hvd
 
-    plan = config.plan
+    plan, steps = config.plan, config.steps
     hvd.init()
     try:
         if plan.seed is not None:
             torch.manual_seed(plan.seed)
         model = cloudpickle.loads(config.model)
-        optimizer = config.optimizer_cls(model.parameters(), **config.optimizer_defaults)
-        optimizer.load_state_dict(config.optimizer_state)
+        optimizer, scheduler = steps.optimizer(model)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                              compression=config.compression or hvd.Compression.none)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        columns = [*plan.feature_cols, *plan.label_cols]
-        train = read_shard(plan.store, plan.data.train_path, columns, hvd.rank(), hvd.size())
-        val = (read_shard(plan.store, plan.data.val_path, columns, hvd.rank(), hvd.size())
-               if plan.data.val_path and plan.steps[1] else None)
+        columns = list(dict.fromkeys([*plan.feature_cols, *plan.label_cols]))
+        train_rows = read_shard(plan.store, plan.data.train_path, columns, hvd.rank(), hvd.size())
+        val_rows = (read_shard(plan.store, plan.data.val_path, columns, hvd.rank(), hvd.size())
+                    if plan.data.val_path and plan.steps[1] else None)
         rng = np.random.default_rng(None if plan.seed is None else plan.seed + hvd.rank())
         history: dict[str, list[float]] = {}
-
-        def record(name: str, value: float) -> None:
-            history.setdefault(name, []).append(hvd.allreduce(torch.tensor(value), name=name).item())
-
         for epoch in range(plan.epochs):
             model.train()
-            totals = np.zeros(1 + len(config.metrics))
-            rows = len(train[plan.feature_cols[0]])
-            for index in epoch_batches(rows, plan.batch_size, plan.steps[0], plan.shuffle, rng):
+            sums: dict[str, float] = {}
+            rows = len(train_rows[plan.feature_cols[0]])
+            for i, index in enumerate(epoch_batches(rows, plan.batch_size, plan.steps[0], plan.shuffle, rng)):
                 optimizer.zero_grad()
-                labels = _batches(torch, train, plan.label_cols, index)
-                outputs = model(*_batches(torch, train, plan.feature_cols, index))
-                loss = _loss(config.loss, outputs, labels)
+                loss, metrics = steps.train_step(model, _batch(torch, train_rows, index), i)
                 loss.backward()
                 optimizer.step()
-                totals += [loss.item(), *(float(m(outputs, labels[0])) for m in config.metrics)]
-            for name, total in zip(["loss", *(m.__name__ for m in config.metrics)], totals):
-                record(name, total / plan.steps[0])
-            if val is not None:
+                for name, value in {"loss": loss.item(), **metrics}.items():
+                    sums[name] = sums.get(name, 0.0) + value
+            means = _epoch_means(hvd, sums, plan.steps[0])
+            if val_rows is not None:
                 model.eval()
-                val_total, val_rows = 0.0, len(val[plan.feature_cols[0]])
+                val_sums: dict[str, float] = {}
+                count = len(val_rows[plan.feature_cols[0]])
                 with torch.no_grad():
-                    for index in epoch_batches(val_rows, plan.val_batch_size, plan.steps[1], False, rng):
-                        outputs = model(*_batches(torch, val, plan.feature_cols, index))
-                        val_total += _loss(config.loss, outputs, _batches(torch, val, plan.label_cols, index)).item()
-                record("val_loss", val_total / plan.steps[1])
+                    for i, index in enumerate(epoch_batches(count, plan.val_batch_size, plan.steps[1], False, rng)):
+                        for name, value in steps.val_step(model, _batch(torch, val_rows, index), i).items():
+                            val_sums[name] = val_sums.get(name, 0.0) + value
+                means.update(_epoch_means(hvd, val_sums, plan.steps[1]))
+            if scheduler is not None:
+                scheduler.step()
+            for name, value in means.items():
+                history.setdefault(name, []).append(value)
             if hvd.rank() == 0:
                 buffer = io.BytesIO()
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch}, buffer)
@@ -112,7 +158,7 @@ def _train(config: _TrainConfig) -> TrainResult | None:
             return None
         model.eval()
         with torch.no_grad():
-            outputs = model(*_batches(torch, train, plan.feature_cols, np.arange(1)))
+            outputs = model(*(torch.as_tensor(train_rows[col][:1]) for col in plan.feature_cols))
         outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
         return {"history": history, "model": cloudpickle.dumps(model),
                 "output_shapes": [tuple(output.shape[1:]) for output in outputs]}
@@ -132,15 +178,20 @@ class TorchEstimator(HorovodEstimator):
 
     def _remote_trainer(self, data: PreparedData, run_id: str, num_proc: int) -> Callable[[], TrainResult | None]:
         optimizer = self._required("optimizer")
-        config = _TrainConfig(
-            model=cloudpickle.dumps(self.getOrDefault("model")), optimizer_cls=type(optimizer),
-            optimizer_defaults=dict(optimizer.defaults), optimizer_state=optimizer.state_dict(),
-            loss=self._required("loss"), metrics=list(self.getOrDefault("metrics") or []),
-            compression=self.getOrDefault("gradient_compression"), plan=self.plan(data, run_id, num_proc))
-        return lambda: _train(config)
+        steps = _ModuleSteps(
+            optimizer_cls=type(optimizer), optimizer_defaults=dict(optimizer.defaults),
+            optimizer_state=optimizer.state_dict(), loss=self._required("loss"),
+            metrics=list(self.getOrDefault("metrics") or []), feature_cols=list(self.getOrDefault("feature_cols")),
+            label_cols=list(self.getOrDefault("label_cols")))
+        config = TrainConfig(cloudpickle.dumps(self.getOrDefault("model")), steps,
+                             self.getOrDefault("gradient_compression"), self.plan(data, run_id, num_proc))
+        return lambda: train(config)
+
+    def _model_class(self) -> type["TorchModel"]:
+        return TorchModel
 
     def _create_model(self, result: TrainResult, run_id: str, data: PreparedData) -> "TorchModel":
-        return TorchModel(history=result["history"], model=cloudpickle.loads(result["model"]),
+        return self._model_class()(history=result["history"], model=cloudpickle.loads(result["model"]),
                           feature_columns=list(self.getOrDefault("feature_cols")),
                           label_columns=list(self.getOrDefault("label_cols")), run_id=run_id,
                           _metadata={"output_shapes": result["output_shapes"], "shapes": data.shapes})
