@@ -1,6 +1,6 @@
 """Elastic PyTorch training on synthetic data: survives lost workers, follows added hosts.
 
-    horovodrun -np 2 --min-np 1 --max-np 4 --host-discovery-script ./discover_hosts.sh \
+    horovodrun -np 2 --min-np 1 --max-np 4 --host-discovery-script ./examples/elastic/discover_hosts.sh \
         python examples/elastic/pytorch_elastic.py --epochs 5
 
 or, on fixed hosts with fault tolerance only:

@@ -17,6 +17,8 @@ DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
 # network cut) may go unnoticed. Five seconds: far above a healthy round trip, even on a loaded
 # machine, and well below what a user would wait before suspecting a hang.
 DEFAULT_FAILURE_DETECTION_SECONDS = 5.0
+DEFAULT_ELASTIC_TIMEOUT = 600.0  # Horovod's defaults for both
+DEFAULT_SPARK_START_TIMEOUT = 600.0
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -150,6 +152,10 @@ class Settings:
     # of the cores, where nobody placed the processes already (transport/shm/placement.py).
     cpu_binding: bool = True
     start_timeout: float = 30.0
+    # Driver side: how long an elastic job may stay below --min-np (HOROVOD_ELASTIC_TIMEOUT), and how
+    # long horovod.spark.run waits for its tasks to start (HOROVOD_SPARK_START_TIMEOUT).
+    elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT
+    spark_start_timeout: float = DEFAULT_SPARK_START_TIMEOUT
     # How long a peer may stay silent in the middle of a collective before we call it hung.
     peer_timeout_seconds: float = 30.0
     # How long a peer whose host stopped answering may go unnoticed (0: the kernel's defaults).
@@ -208,6 +214,8 @@ class Settings:
             cpu_operations=(env.get("HOROVOD_CPU_OPERATIONS") or "auto").strip().lower(),
             cpu_binding=_flag(env, "HOROVOD_CPU_BINDING", True),
             start_timeout=env_float(env, "HOROVOD_START_TIMEOUT", 30.0),
+            elastic_timeout=env_float(env, "HOROVOD_ELASTIC_TIMEOUT", DEFAULT_ELASTIC_TIMEOUT),
+            spark_start_timeout=env_float(env, "HOROVOD_SPARK_START_TIMEOUT", DEFAULT_SPARK_START_TIMEOUT),
             peer_timeout_seconds=env_float(env, "HOROVOD_GLOO_TIMEOUT_SECONDS", 30.0),
             failure_detection_seconds=env_float(env, "HOROVOD_FAILURE_DETECTION_SECONDS",
                                                 DEFAULT_FAILURE_DETECTION_SECONDS),

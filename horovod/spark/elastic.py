@@ -13,15 +13,14 @@ that task, as a failing host is blacklisted in any elastic job.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import IO, Any, Callable, Sequence
 
 from horovod.common.rendezvous import RendezvousServer
-from horovod.common.settings import env_float
+from horovod.common.settings import Settings
 from horovod.runner import run_function
 from horovod.runner.elastic import ElasticDriver, ElasticSpec
-from horovod.runner.elastic.setup import DEFAULT_ELASTIC_TIMEOUT, elastic_spec
+from horovod.runner.elastic.setup import elastic_spec
 from horovod.runner.hosts import HostInfo
 from horovod.spark import control
 from horovod.spark.runner import active_spark_context, control_store, default_start_timeout, job_spec, redirected
@@ -118,7 +117,7 @@ def _limits(sc: Any, num_proc: int | None, min_num_proc: int | None, max_num_pro
         raise ValueError(f"min_num_proc ({min_num_proc}) is larger than num_proc ({num_proc}): run_elastic starts "
                          "num_proc Spark tasks, each hosting at most one worker")
     if elastic_timeout is None:
-        elastic_timeout = env_float(os.environ, "HOROVOD_ELASTIC_TIMEOUT", DEFAULT_ELASTIC_TIMEOUT)
+        elastic_timeout = Settings.from_env().elastic_timeout
     if elastic_timeout <= 0:
         raise ValueError(f"elastic_timeout must be positive, got {elastic_timeout}")
     if reset_limit is not None and reset_limit < 0:

@@ -14,21 +14,19 @@ import argparse
 import contextlib
 import dataclasses
 import json
-import os
 import socket
 import sys
 from typing import IO, Any, Callable, Iterator, Sequence
 
 from horovod.common import wire
 from horovod.common.rendezvous import RendezvousServer
-from horovod.common.settings import env_float
+from horovod.common.settings import Settings
 from horovod.runner import function_job_spec, launch, run_spec
 from horovod.runner.job import JobSpec
 from horovod.runner.launchers import OutputOptions
 from horovod.spark.control import ControlAddress
 from horovod.spark.stage import BarrierStage
 
-_DEFAULT_START_TIMEOUT = 600.0  # Horovod's HOROVOD_SPARK_START_TIMEOUT default
 
 
 def active_spark_context() -> Any:
@@ -95,7 +93,7 @@ def default_start_timeout(start_timeout: float | None) -> float:
     """`start_timeout`, else `HOROVOD_SPARK_START_TIMEOUT`, else Horovod's 600 s."""
     if start_timeout is not None:
         return start_timeout
-    return env_float(os.environ, "HOROVOD_SPARK_START_TIMEOUT", _DEFAULT_START_TIMEOUT)
+    return Settings.from_env().spark_start_timeout
 
 
 def run(

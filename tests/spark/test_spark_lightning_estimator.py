@@ -12,7 +12,7 @@ import pytest
 pytestmark = pytest.mark.timeout(600)
 
 torch = pytest.importorskip("torch")
-pl = pytest.importorskip("lightning.pytorch", reason="pip install 'khorovod[spark]' brings lightning")
+pl = pytest.importorskip("lightning.pytorch", reason="pip install 'khorovod[spark,lightning]' brings lightning")
 
 from tests.spark.helpers import linear_frame  # noqa: E402
 

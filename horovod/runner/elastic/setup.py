@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 
-from horovod.common.settings import env_float
+from horovod.common.settings import Settings
 from horovod.runner.elastic.discovery import FixedHosts, HostDiscovery, HostDiscoveryScript
 from horovod.runner.elastic.driver import ElasticSpec
 from horovod.runner.elastic.plan import plan_round
 from horovod.runner.hosts import HostInfo, parse_hostfile, parse_hosts
 from horovod.runner.job import JobSpec
 
-DEFAULT_ELASTIC_TIMEOUT = 600.0
 
 
 def is_elastic(args: argparse.Namespace) -> bool:
@@ -58,7 +56,7 @@ def elastic_job(args: argparse.Namespace, spec: JobSpec) -> tuple[JobSpec, Elast
     hosts = discovery.find_available_hosts()  # fails here, before anything starts, if the script does
     min_np = args.min_num_proc if args.min_num_proc is not None else args.num_proc
     timeout = float(args.elastic_timeout) if args.elastic_timeout is not None else \
-        env_float(os.environ, "HOROVOD_ELASTIC_TIMEOUT", DEFAULT_ELASTIC_TIMEOUT)
+        Settings.from_env().elastic_timeout
     elastic = ElasticSpec(discovery, min_np, args.max_num_proc, timeout, args.reset_limit,
                           tuple(args.cooldown_range) if args.cooldown_range else None)
     first = plan_round({host.hostname: host.slots for host in hosts}, 1, args.max_num_proc) or []
