@@ -28,8 +28,8 @@ def test_launchers_are_built_by_name():
     ctx = context("true")
     assert isinstance(launchers.create("local", ctx), LocalLauncher)
     assert isinstance(launchers.create("ssh", ctx), SshLauncher)
-    assert registry.names() == ["local", "ray", "spark", "ssh"]
-    with pytest.raises(ValueError, match="unknown launcher 'carrier-pigeon'; choose one of: local, ray, spark, ssh"):
+    assert registry.names() == ["local", "ray", "spark", "spark_elastic", "ssh"]
+    with pytest.raises(ValueError, match="unknown launcher 'carrier-pigeon'; choose one of: local, ray, spark, spark_elastic, ssh"):
         launchers.create("carrier-pigeon", ctx)
 
 
