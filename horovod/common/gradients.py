@@ -40,17 +40,29 @@ class Plan:
     """How the reduced gradients of one step are launched.
 
     `names[k]` names the k-th tensor; each entry of `groups` lists tensor positions reduced as
-    one grouped allreduce (a one-element group is a plain allreduce)."""
+    one grouped allreduce (a one-element group is a plain allreduce), named
+    `<prefix>.group<first_group + its index>`."""
 
     names: tuple[str, ...]
     groups: tuple[tuple[int, ...], ...]
     prefix: str
+    first_group: int = 0
+
+    def group_name(self, number: int) -> str:
+        return f"{self.prefix}.group{self.first_group + number}"
+
+    def parts(self) -> list[tuple[tuple[int, ...], "Plan"]]:
+        """Each group as a plan of its own, named as in this one, with its positions here: what
+        is submitted separately when each group goes as soon as its gradients exist."""
+        return [(group, Plan(tuple(self.names[k] for k in group), (tuple(range(len(group))),), self.prefix,
+                             self.first_group + number))
+                for number, group in enumerate(self.groups)]
 
     def restricted(self, keep: Sequence[int]) -> "Plan":
         """The plan for the tensors at positions `keep` only, renumbered 0..len(keep)-1."""
         where = {old: new for new, old in enumerate(keep)}
         groups = tuple(tuple(where[i] for i in g if i in where) for g in self.groups)
-        return Plan(tuple(self.names[i] for i in keep), tuple(g for g in groups if g), self.prefix)
+        return Plan(tuple(self.names[i] for i in keep), tuple(g for g in groups if g), self.prefix, self.first_group)
 
 
 class GradientReducer:
@@ -120,7 +132,7 @@ class GradientReducer:
                 handle = ops.allreduce_async(members[0], plan.names[group[0]], self.op, self.prescale,
                                              self.postscale, self.process_set)
             else:
-                handle = ops.grouped_allreduce_async(members, f"{plan.prefix}.group{number}", self.op,
+                handle = ops.grouped_allreduce_async(members, plan.group_name(number), self.op,
                                                      self.prescale, self.postscale, self.process_set)
             pending.append((group, handle))
 

@@ -81,13 +81,28 @@ def run(jobs: Sequence[Job], label: str = "HorovodCollective") -> list[list[tf.T
     if tf.executing_eagerly():
         outputs = [tf.convert_to_tensor(r, dtype=d) for r, d in zip(_host_run(jobs, flat), dtypes)]
     else:
-        _refuse_xla(label)
-        if isinstance(tf.compat.v1.get_default_graph(), FuncGraph):
+        refuse_xla(label)
+        if in_function():
             outputs = tf.py_function(lambda *tensors: _host_run(jobs, tensors), flat, Tout=dtypes, name=label)
         else:
             outputs = session_node(flat, dtypes, partial(_submit, jobs), label)
-        for out, shape in zip(outputs, (s for job in jobs for s in job.shapes)):
-            out.set_shape(shape)
+        set_shapes(jobs, outputs)
+    return per_job(jobs, outputs)
+
+
+def in_function() -> bool:
+    """True while a `tf.function` is being traced (not eagerly, not in a TF1 graph)."""
+    return not tf.executing_eagerly() and isinstance(tf.compat.v1.get_default_graph(), FuncGraph)
+
+
+def set_shapes(jobs: Sequence[Job], outputs: Sequence[tf.Tensor]) -> None:
+    """Give the graph outputs of `jobs` (flat, in job order) the static shapes the jobs know."""
+    for out, shape in zip(outputs, (s for job in jobs for s in job.shapes)):
+        out.set_shape(shape)
+
+
+def per_job(jobs: Sequence[Job], outputs: Sequence[tf.Tensor]) -> list[list[tf.Tensor]]:
+    """The flat `outputs` of `jobs`, split into one list per job."""
     grouped, at = [], 0
     for job in jobs:
         grouped.append(list(outputs[at:at + len(job.dtypes)]))
@@ -95,7 +110,7 @@ def run(jobs: Sequence[Job], label: str = "HorovodCollective") -> list[list[tf.T
     return grouped
 
 
-def _refuse_xla(label: str) -> None:
+def refuse_xla(label: str) -> None:
     """Fail while tracing, naming the function, rather than when XLA compiles it: a collective is a
     call back into Python (`tf.py_function`), which XLA cannot make. Horovod compiles its
     collectives into XLA custom calls from C++; a pure-Python package has no way to register one."""

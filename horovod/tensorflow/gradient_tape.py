@@ -14,6 +14,7 @@ from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Average
 from horovod.tensorflow.compression import Compression, Compressor
 from horovod.common.collective_rules import sparse_values_factor
+from horovod.tensorflow import backward_overlap
 from horovod.tensorflow._bridge import Job, allgather_job, check_sparse_op, no_autograph, run, set_size
 
 
@@ -35,33 +36,44 @@ def _scale(grad: Any, factor: float) -> Any:
 
 def _transport(reducer: GradientReducer, tensors: list[Any], plan: Plan) -> list[Any]:
     """Dense gradients go through the reducer's allreduces; IndexedSlices are allgathered
-    (values and indices), all in the same node."""
+    (values and indices). All in one node, or, inside a `tf.function`, each allreduce group and
+    each allgather submitted as soon as backward has produced its input (`backward_overlap`)."""
+    overlap = backward_overlap.enabled()
     dense = [k for k, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     sparse = [k for k, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
-    jobs = []
+    carried: list[tuple[list[int], Job]] = []  # (positions in `tensors` a job carries, the job)
     if dense:
         dense_plan = plan.restricted(dense)
-        inputs = [tensors[k] for k in dense]
-        jobs.append(Job(inputs, [t.dtype for t in inputs], [t.shape for t in inputs],
-                         lambda arrays: reducer.submit(arrays, dense_plan)))
+        parts = dense_plan.parts() if overlap else [(tuple(range(len(dense))), dense_plan)]
+        for members, part in parts:
+            inputs = [tensors[dense[k]] for k in members]
+            carried.append(([dense[k] for k in members],
+                            Job(inputs, [t.dtype for t in inputs], [t.shape for t in inputs],
+                                partial(reducer.submit, plan=part))))
     if sparse:
         check_sparse_op(reducer.op)
     for k in sparse:
         for part in ("values", "indices"):
-            jobs.append(allgather_job([getattr(tensors[k], part)], f"{plan.names[k]}.{part}", reducer.process_set,
-                                       grouped=False))
-    results = iter(run(jobs, "HorovodAllreduceGradients"))
+            carried.append(([k], allgather_job([getattr(tensors[k], part)], f"{plan.names[k]}.{part}",
+                                               reducer.process_set, grouped=False)))
+    carried.sort(key=lambda entry: min(entry[0]))  # gradient-list order (stable: values before indices)
+    jobs = [job for _, job in carried]
+    label = "HorovodAllreduceGradients"
+    results = backward_overlap.run_in_backward_order(jobs, label) if overlap else run(jobs, label)
     out: list[Any] = [None] * len(tensors)
-    if dense:
-        for k, reduced in zip(dense, next(results)):
-            out[k] = reduced
+    gathered: dict[int, list[tf.Tensor]] = {}
+    for (positions, _), result in zip(carried, results):
+        if isinstance(tensors[positions[0]], tf.IndexedSlices):
+            gathered.setdefault(positions[0], []).extend(result)
+        else:
+            for k, reduced in zip(positions, result):
+                out[k] = reduced
     factor = reducer.prescale * reducer.postscale
     if sparse:
         factor = sparse_values_factor(reducer.op, factor, set_size(reducer.process_set))
-    for k in sparse:
-        (values,), (indices,) = next(results), next(results)
-        out[k] = _scale(tf.IndexedSlices(values, indices, tensors[k].dense_shape), factor) if factor != 1 else \
-            tf.IndexedSlices(values, indices, tensors[k].dense_shape)
+    for k, (values, indices) in gathered.items():
+        slices = tf.IndexedSlices(values, indices, tensors[k].dense_shape)
+        out[k] = _scale(slices, factor) if factor != 1 else slices
     return out
 
 

@@ -1,0 +1,75 @@
+"""One step's gradients reduced while backward still runs, inside a `tf.function`.
+
+A traced train step (a `tf.function`, Keras `fit`) is a dataflow graph: the executor runs a node
+as soon as its inputs exist, on its inter-op threads, and backward produces the gradients of
+the last layers first. Put all gradients into one collective node (`_bridge.run`) and that node
+waits for the whole of backward before the first byte moves. Here instead:
+
+* each gradient, or each group of `groups=`, gets a *submit* node that hands it to the engine
+  and returns at once with a token; it runs as soon as its gradient exists, while the other
+  inter-op threads go on with backward, and the engine negotiates and reduces meanwhile;
+* one *wait* node takes all the tokens and waits for the results; the optimizer's update
+  consumes its outputs, so the waiting happens where the gradients are applied.
+
+Every rank submits in the same order: `tf.function` runs stateful nodes (a `py_function` is
+one) in the order they were created, and the submit nodes are created in backward order (the
+last gradient first), so that order holds backward up nowhere: a submit waits only for its own
+gradient and the submission before it. Nothing else changes: the same allreduces of the same
+values and names as in one node, so the reduced gradients are the same (bit for bit with two
+ranks, where a sum has one order; with more, a tensor that the engine fuses at another offset
+may be summed in another order, as between any two runs whose fusion differs).
+
+Eager code and TF1 sessions are as before: eagerly, backward has finished before a gradient
+is seen; a session already submits without waiting (`_session_node`). `HOROVOD_TF_OVERLAP_BACKWARD=0`
+(`Settings.tf_overlap_backward`) puts a step's gradients back into one node.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from functools import partial
+from typing import Callable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from horovod.common import runtime
+from horovod.tensorflow._bridge import Job, in_function, per_job, refuse_xla, set_shapes
+
+# Submissions whose wait node has not run yet: token -> the function that waits for the outputs.
+_pending: dict[int, Callable[[], list[np.ndarray]]] = {}
+_tokens = itertools.count()
+_lock = threading.Lock()
+
+
+def enabled() -> bool:
+    """True where gradients reduced now are submitted one node each: while a `tf.function` is
+    traced, unless `HOROVOD_TF_OVERLAP_BACKWARD=0`."""
+    return in_function() and runtime.current().settings.tf_overlap_backward
+
+
+def run_in_backward_order(jobs: Sequence[Job], label: str) -> list[list[tf.Tensor]]:
+    """`_bridge.run(jobs)` inside a `tf.function`, with one submit node per job (the last job's
+    created first) and one wait node; `jobs` are in the order of the gradient list."""
+    refuse_xla(label)
+    tokens = [tf.py_function(partial(_submit, job), job.inputs, Tout=tf.int64, name=f"{label}Submit")
+              for job in reversed(jobs)][::-1]
+    dtypes = [d for job in jobs for d in job.dtypes]
+    outputs = tf.py_function(_wait, tokens, Tout=dtypes, name=f"{label}Wait")
+    set_shapes(jobs, outputs)
+    return per_job(jobs, outputs)
+
+
+def _submit(job: Job, *tensors: tf.Tensor) -> np.int64:
+    wait = job.start([np.asarray(t.numpy()) for t in tensors])
+    with _lock:
+        token = next(_tokens)
+        _pending[token] = wait
+    return np.int64(token)
+
+
+def _wait(*tokens: tf.Tensor) -> list[np.ndarray]:
+    with _lock:
+        waits = [_pending.pop(int(t.numpy())) for t in tokens]
+    return [out for wait in waits for out in wait()]
