@@ -50,7 +50,9 @@ def worker(args: argparse.Namespace) -> None:
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(2)
-    import tf_keras as keras
+    keras = tf.keras  # tf_keras: the parent sets TF_USE_LEGACY_KERAS=1
+    if not keras.__name__.startswith("tf_keras"):
+        raise SystemExit("this benchmark needs tf_keras: pip install --no-deps \"tf_keras~=<your TensorFlow's x.y>.0\"")
 
     strategy, wrap = tf.distribute.get_strategy(), lambda opt: opt
     if args.worker == "khorovod":

@@ -88,3 +88,21 @@ def test_scaling_benchmark_reports_every_configuration_and_plots(tmp_path):
     assert rows[0].split("|")[6].strip() == "1.00"  # one rank is the baseline
     assert all(float(row.split("|")[3]) > 0 and float(row.split("|")[4]) > 0 for row in rows)
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_keras_training_benchmark_runs_each_system(tmp_path):
+    # benchmarks/keras_training.py --quick: khorovod (both overlap settings), MWMS and one process alone.
+    pytest.importorskip("tensorflow")
+    pytest.importorskip("tf_keras")
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "keras_training.py"), "--quick",
+                           "--variant", "overlap=", "--variant", "one-node=HOROVOD_TF_OVERLAP_BACKWARD=0"],
+                          capture_output=True, text=True, timeout=400, env=child_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    header = "| job | khorovod:overlap samples/s | khorovod:one-node samples/s | mwms samples/s | alone samples/s |"
+    assert header in proc.stdout
+    (row,) = [line for line in proc.stdout.splitlines() if line.startswith("| 0 |")]
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert all(float(rate) > 0 for rate in cells[1:5])
+    assert all(re.fullmatch(r"\d+\.\d\dx", ratio) for ratio in cells[5:7])
+    assert re.search(r"khorovod:one-node / mwms over the jobs: min \d+\.\d\dx, median \d+\.\d\dx, max \d+\.\d\dx; "
+                     r"khorovod:one-node / alone: median \d+\.\d\dx", proc.stdout)
