@@ -1,7 +1,7 @@
 """Keras `fit` throughput on CPU: khorovod against tf.distribute.MultiWorkerMirroredStrategy.
 
     python benchmarks/keras_training.py --jobs 10
-    python benchmarks/keras_training.py --jobs 6 --variant overlap= --variant one-node=HOROVOD_TF_OVERLAP_BACKWARD=0
+    python benchmarks/keras_training.py --jobs 6 --variant overlap=HOROVOD_TF_OVERLAP_BACKWARD=1 --variant one-node=HOROVOD_TF_OVERLAP_BACKWARD=0
     python benchmarks/keras_training.py --quick
 
 One job is three fresh runs of the same model on the same data, each `model.fit` with the same

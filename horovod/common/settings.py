@@ -151,9 +151,10 @@ class Settings:
     # khorovod extension (HOROVOD_CPU_BINDING=0 to turn off): each rank of a host on its own share
     # of the cores, where nobody placed the processes already (transport/shm/placement.py).
     cpu_binding: bool = True
-    # khorovod extension (HOROVOD_TF_OVERLAP_BACKWARD=0 to turn off): inside a tf.function, each
-    # gradient's allreduce is submitted as soon as backward has produced it (tensorflow/backward_overlap.py).
-    tf_overlap_backward: bool = True
+    # khorovod extension (HOROVOD_TF_OVERLAP_BACKWARD): inside a tf.function, submit each gradient's
+    # allreduce as soon as backward has produced it (tensorflow/backward_overlap.py). None (unset):
+    # where a rank has two cores of its own or more, as the torch hooks decide.
+    tf_overlap_backward: bool | None = None
     start_timeout: float = 30.0
     # Driver side: how long an elastic job may stay below --min-np (HOROVOD_ELASTIC_TIMEOUT), and how
     # long horovod.spark.run waits for its tasks to start (HOROVOD_SPARK_START_TIMEOUT).
@@ -216,7 +217,7 @@ class Settings:
             elastic=_flag(env, "HOROVOD_ELASTIC"),
             cpu_operations=(env.get("HOROVOD_CPU_OPERATIONS") or "auto").strip().lower(),
             cpu_binding=_flag(env, "HOROVOD_CPU_BINDING", True),
-            tf_overlap_backward=_flag(env, "HOROVOD_TF_OVERLAP_BACKWARD", True),
+            tf_overlap_backward=tristate("HOROVOD_TF_OVERLAP_BACKWARD"),
             start_timeout=env_float(env, "HOROVOD_START_TIMEOUT", 30.0),
             elastic_timeout=env_float(env, "HOROVOD_ELASTIC_TIMEOUT", DEFAULT_ELASTIC_TIMEOUT),
             spark_start_timeout=env_float(env, "HOROVOD_SPARK_START_TIMEOUT", DEFAULT_SPARK_START_TIMEOUT),

@@ -19,9 +19,13 @@ values and names as in one node, so the reduced gradients are the same (bit for 
 ranks, where a sum has one order; with more, a tensor that the engine fuses at another offset
 may be summed in another order, as between any two runs whose fusion differs).
 
-Eager code and TF1 sessions are as before: eagerly, backward has finished before a gradient
-is seen; a session already submits without waiting (`_session_node`). `HOROVOD_TF_OVERLAP_BACKWARD=0`
-(`Settings.tf_overlap_backward`) puts a step's gradients back into one node.
+When: where a rank has two cores of its own or more (`cores_per_rank`), as the torch hooks
+decide, and `HOROVOD_TF_OVERLAP_BACKWARD=1`/`0` (`Settings.tf_overlap_backward`) says always or
+never. Below two cores (2 ranks on this 2-core machine) the engine's work and each early
+submission take the core from backward, and each allreduce waits for the peer's engine thread
+to be scheduled: Keras `fit` ran 7-26% slower overlapped than in one node in the quiet jobs of
+docs/performance.md. Eager code and TF1 sessions are as before: eagerly, backward has finished
+before a gradient is seen; a session already submits without waiting (`_session_node`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import numpy as np
 import tensorflow as tf
 
 from horovod.common import runtime
+from horovod.common.transport.shm.placement import cores_per_rank
 from horovod.tensorflow._bridge import Job, in_function, per_job, refuse_xla, set_shapes
 
 # Submissions whose wait node has not run yet: token -> the function that waits for the outputs.
@@ -45,8 +50,13 @@ _lock = threading.Lock()
 
 def enabled() -> bool:
     """True where gradients reduced now are submitted one node each: while a `tf.function` is
-    traced, unless `HOROVOD_TF_OVERLAP_BACKWARD=0`."""
-    return in_function() and runtime.current().settings.tf_overlap_backward
+    traced, as `HOROVOD_TF_OVERLAP_BACKWARD` says, else where a rank has two cores or more."""
+    if not in_function():
+        return False
+    settings = runtime.current().settings
+    if settings.tf_overlap_backward is not None:
+        return settings.tf_overlap_backward
+    return cores_per_rank(settings.topology.local_size) >= 2
 
 
 def run_in_backward_order(jobs: Sequence[Job], label: str) -> list[list[tf.Tensor]]:

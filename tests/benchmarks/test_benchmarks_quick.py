@@ -95,7 +95,8 @@ def test_keras_training_benchmark_runs_each_system(tmp_path):
     pytest.importorskip("tensorflow")
     pytest.importorskip("tf_keras")
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "keras_training.py"), "--quick",
-                           "--variant", "overlap=", "--variant", "one-node=HOROVOD_TF_OVERLAP_BACKWARD=0"],
+                           "--variant", "overlap=HOROVOD_TF_OVERLAP_BACKWARD=1", "--variant",
+                           "one-node=HOROVOD_TF_OVERLAP_BACKWARD=0"],
                           capture_output=True, text=True, timeout=400, env=child_env(), cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     header = "| job | khorovod:overlap samples/s | khorovod:one-node samples/s | mwms samples/s | alone samples/s |"

@@ -1,7 +1,7 @@
 """Gradients submitted while backward still runs inside a tf.function (horovod/tensorflow/backward_overlap.py),
-on 2 real ranks: the reduced results are bit for bit those of one node per step
-(HOROVOD_TF_OVERLAP_BACKWARD=0), and the late layers' allreduces reach the engine before backward
-has reached the first layer."""
+on 2 real ranks: overlapped (HOROVOD_TF_OVERLAP_BACKWARD=1; unset, this 2-core machine would not
+overlap) the reduced results are bit for bit those of one node per step (=0), and the late layers'
+allreduces reach the engine before backward has reached the first layer."""
 
 import pytest
 
@@ -123,7 +123,7 @@ def _():
 
 def test_overlapped_gradients_are_identical_and_submitted_during_backward(tmp_path):
     timeline = tmp_path / "timeline.json"
-    run = run_tf(SNIPPET, env={"HOROVOD_TIMELINE": str(timeline)})
+    run = run_tf(SNIPPET, env={"HOROVOD_TIMELINE": str(timeline), "HOROVOD_TF_OVERLAP_BACKWARD": "1"})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     for rank in (0, 1):
         got = results(run, rank)
