@@ -21,10 +21,10 @@ may be summed in another order, as between any two runs whose fusion differs).
 
 When: where a rank has two cores of its own or more (`cores_per_rank`), as the torch hooks
 decide, and `HOROVOD_TF_OVERLAP_BACKWARD=1`/`0` (`Settings.tf_overlap_backward`) says always or
-never. Below two cores (2 ranks on this 2-core machine) the engine's work and each early
-submission take the core from backward, and each allreduce waits for the peer's engine thread
-to be scheduled: Keras `fit` ran 7-26% slower overlapped than in one node in the quiet jobs of
-docs/performance.md. Eager code and TF1 sessions are as before: eagerly, backward has finished
+never. Below two cores (2 ranks on this 2-core machine) Keras `fit` with one node was 7-26%
+faster than overlapped in the quiet jobs of docs/performance.md (our reading, not profiled here:
+the engine's work and the early submissions take the core from backward, as profiled for the
+torch hooks). Eager code and TF1 sessions are as before: eagerly, backward has finished
 before a gradient is seen; a session already submits without waiting (`_session_node`).
 """
 
