@@ -13,15 +13,14 @@ waits for the whole of backward before the first byte moves. Here instead:
 
 Every rank submits in the same order: `tf.function` runs stateful nodes (a `py_function` is
 one) in the order they were created, and the submit nodes are created in backward order (the
-last gradient first), so that order holds backward up nowhere: a submit waits only for its own
+last gradient first), so the order costs backward nothing: a submit waits only for its own
 gradient and the submission before it. Nothing else changes: the same allreduces of the same
 values and names as in one node, so the reduced gradients are the same (bit for bit with two
 ranks, where a sum has one order; with more, a tensor that the engine fuses at another offset
 may be summed in another order, as between any two runs whose fusion differs).
 
-When: where a rank has two cores of its own or more (`cores_per_rank`), as the torch hooks
-decide, and `HOROVOD_TF_OVERLAP_BACKWARD=1`/`0` (`Settings.tf_overlap_backward`) says always or
-never. Below two cores (2 ranks on this 2-core machine) Keras `fit` with one node was 7-26%
+When: `HOROVOD_TF_OVERLAP_BACKWARD=1` always, `0` never (`Settings.tf_overlap_backward`); unset,
+where a rank has two cores of its own or more (`cores_per_rank`), as the torch hooks decide. Below two cores (2 ranks on this 2-core machine) Keras `fit` with one node was 7-26%
 faster than overlapped in the quiet jobs of docs/performance.md (our reading, not profiled here:
 the engine's work and the early submissions take the core from backward, as profiled for the
 torch hooks). Eager code and TF1 sessions are as before: eagerly, backward has finished

@@ -31,6 +31,9 @@ def test_values_are_read_and_validated():
     with pytest.raises(ValueError, match="must be < HOROVOD_SIZE"):
         Settings.from_env({"HOROVOD_RANK": "2", "HOROVOD_SIZE": "2"})
     assert Settings.from_env({"HOROVOD_LOG_LEVEL": "chatty"}).log_level == "warning"
+    # unset: the TensorFlow adapter decides by the cores a rank has (tensorflow/backward_overlap.py)
+    assert [Settings.from_env(env).tf_overlap_backward for env in
+            ({}, {"HOROVOD_TF_OVERLAP_BACKWARD": "1"}, {"HOROVOD_TF_OVERLAP_BACKWARD": "0"})] == [None, True, False]
 
 
 def _pair(key_a: bytes, key_b: bytes):
