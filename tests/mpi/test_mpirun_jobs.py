@@ -55,31 +55,6 @@ def test_every_collective_runs_through_mpi_on_four_ranks():
             assert got["bf16"] == [10.0, 10.0, 10.0]
 
 
-def test_float16_reductions_run_in_mpi_itself():
-    # Open MPI 5 sums float16 itself: no gather of every member's buffer and numpy reduction here.
-    result = mpirun("""
-        import numpy as np
-        import horovod.numpy as hvd
-        from horovod.common import runtime
-        from horovod.common.reduce_ops import BFLOAT16
-        hvd.init()
-        r = hvd.rank()
-        x = (np.arange(4) + 2 * r).astype(np.float16)
-        transport = runtime.current().transport
-        report(native=[transport.reduces_natively(np.float16, hvd.Sum), transport.reduces_natively(np.float32, hvd.Sum),
-                       BFLOAT16 is None or transport.reduces_natively(BFLOAT16, hvd.Sum)],
-               sum=hvd.allreduce(x, op=hvd.Sum, name="sum"), avg=hvd.allreduce(x, name="avg"),
-               rs=hvd.reducescatter(x, op=hvd.Sum, name="rs"),
-               still=transport.reduces_natively(np.float16, hvd.Sum))
-        hvd.shutdown()
-    """, np=2).check()
-    for r, got in result.ranks.items():
-        assert got["native"] == [True, True, False]
-        assert got["sum"] == [2, 4, 6, 8] and got["avg"] == [1, 2, 3, 4]
-        assert got["rs"] == ([2, 4] if r == 0 else [6, 8])
-        assert got["still"] is True
-
-
 def test_process_sets_and_a_job_over_a_subset_of_the_world():
     result = mpirun("""
         import numpy as np

@@ -4,10 +4,8 @@ Data collectives go straight to the MPI library on the caller's numpy buffers, w
 ours: in-place `Allreduce`, `Allgatherv`, `Bcast`, `Alltoallv`, `Reduce_scatter`, each on the
 communicator of the op's group (built once per group with `Create_group`, which only the group's
 members call, so process sets need no agreement beyond the op itself). Reductions MPI has no
-operator for (bfloat16; float16 where the library lacks it: Open MPI 5 and MPICH 5 have it, older
-ones refuse it on the first call) gather every member's buffer and reduce it here, in member
-order, so every member gets the same bits. Average never reaches a transport: the engine sums,
-then scales.
+operator for (float16 sums where the library lacks them, bfloat16) gather every member's buffer
+and reduce it here, in member order, so every member gets the same bits.
 
 Negotiation keeps the engine's protocol: its control messages are point-to-point messages on a
 communicator of their own (MPI keeps them in order between two ranks, as a socket does). MPI
@@ -141,7 +139,6 @@ class MpiTransport(Transport):
         self._control = job.Dup()
         self._groups: dict[tuple[int, ...], Any] = {tuple(range(self.size)): self._data}
         self._doorbell = _Doorbell(self.has_activity)
-        self._float16 = True  # until the library refuses a float16 reduction
         self._closed = False
 
     def _comm(self, group: Sequence[int]) -> Any:
@@ -158,37 +155,20 @@ class MpiTransport(Transport):
         MPI = self._MPI
         if dtype == np.bool_:
             return MPI.LOR if op in (Sum, Max) else MPI.LAND
-        if dtype.char == "e" and not self._float16:
+        if dtype.char == "e":  # MPI libraries differ on whether they can sum float16
             return None
         try:
             MPI.Datatype.fromcode(dtype.char)
-        except ValueError:  # bfloat16, or float16 where mpi4py's library has no such type
+        except ValueError:  # bfloat16
             return None
         return {Sum: MPI.SUM, Min: MPI.MIN, Max: MPI.MAX, Product: MPI.PROD}.get(op)
-
-    def reduces_natively(self, dtype: np.dtype, op: int) -> bool:
-        """Whether MPI reduces `dtype` with `op` itself (otherwise: a gather, and numpy here)."""
-        return self._op(np.dtype(dtype), op) is not None
-
-    def _native(self, dtype: np.dtype, reduction: Callable[[], None]) -> bool:
-        """Run an MPI `reduction` of `dtype`; False when the library refuses float16 (it checks its
-        arguments before moving data, and every member runs the same library, so all refuse
-        together): this and later float16 reductions take the fallback."""
-        try:
-            reduction()
-        except self._MPI.Exception:
-            if dtype.char != "e":
-                raise
-            self._float16 = False
-            return False
-        return True
 
     # -- data plane -------------------------------------------------------------------------
     def allreduce(self, group: Sequence[int], buf: np.ndarray, op: int) -> None:
         comm = self._comm(group)
         mpi_op = self._op(buf.dtype, op)
-        if mpi_op is not None and self._native(
-                buf.dtype, lambda: comm.Allreduce(self._MPI.IN_PLACE, buf, op=mpi_op)):
+        if mpi_op is not None:
+            comm.Allreduce(self._MPI.IN_PLACE, buf, op=mpi_op)
             return
         everyone = self._gather_all(comm, buf)
         self._reduce_rows(everyone, buf, op)
@@ -197,8 +177,8 @@ class MpiTransport(Transport):
                       counts: Sequence[int], op: int) -> None:
         comm = self._comm(group)
         mpi_op = self._op(buf.dtype, op)
-        if mpi_op is not None and self._native(
-                buf.dtype, lambda: comm.Reduce_scatter(buf, recv, list(counts), op=mpi_op)):
+        if mpi_op is not None:
+            comm.Reduce_scatter(buf, recv, list(counts), op=mpi_op)
             return
         self.allreduce(group, buf, op)
         start = sum(counts[: comm.rank])
