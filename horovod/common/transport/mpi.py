@@ -4,8 +4,9 @@ Data collectives go straight to the MPI library on the caller's numpy buffers, w
 ours: in-place `Allreduce`, `Allgatherv`, `Bcast`, `Alltoallv`, `Reduce_scatter`, each on the
 communicator of the op's group (built once per group with `Create_group`, which only the group's
 members call, so process sets need no agreement beyond the op itself). Reductions MPI has no
-operator for (float16 sums where the library lacks them, bfloat16) gather every member's buffer
-and reduce it here, in member order, so every member gets the same bits.
+operator for (bfloat16; float16, which Open MPI 5 sums more slowly than this at 2 ranks) gather
+every member's buffer and reduce it here, in member order, so every member gets the same bits.
+Average never reaches a transport: the engine sums, then scales.
 
 Negotiation keeps the engine's protocol: its control messages are point-to-point messages on a
 communicator of their own (MPI keeps them in order between two ranks, as a socket does). MPI
@@ -63,9 +64,12 @@ class _Doorbell:
             self._changed.notify()
 
     def mute(self, on: bool) -> None:
+        """Muting wakes nobody (the thread finds out on its next probe); unmuting wakes the thread
+        only if the engine thread is asleep and waiting to be rung."""
         with self._changed:
             self._muted = on
-            self._changed.notify()
+            if not on and False in self._unrung:
+                self._changed.notify()
 
     def _listeners(self) -> set[bool]:
         return self._unrung - {False} if self._muted else self._unrung
@@ -155,7 +159,7 @@ class MpiTransport(Transport):
         MPI = self._MPI
         if dtype == np.bool_:
             return MPI.LOR if op in (Sum, Max) else MPI.LAND
-        if dtype.char == "e":  # MPI libraries differ on whether they can sum float16
+        if dtype.char == "e":  # older libraries cannot sum float16; Open MPI 5 does it slowly
             return None
         try:
             MPI.Datatype.fromcode(dtype.char)
