@@ -25,6 +25,10 @@ from horovod.benchmarks.worker import OPS
 WORKER = Path(__file__).with_name("worker.py")
 REPO = Path(__file__).resolve().parents[2]  # where our `horovod` package lives (a checkout or site-packages)
 LATENCY_SIZES = [4, 4096]
+# Transparent huge pages for every buffer of every system, or none: numpy asks the kernel for them
+# on its own (arrays of 4 MiB and more), torch only when THP_MEM_ALLOC_ENABLE=1. Huge pages alone
+# change a large allreduce's speed (docs/performance.md), so systems compare on the same memory.
+HUGE_PAGES = {"on": "1", "off": "0"}
 QUICK_SIZES = [4096, 65536, 1 << 20]
 
 
@@ -97,6 +101,9 @@ def load() -> str:
 def command_for(system: str, args: argparse.Namespace, worker_args: list[str], out: str) -> tuple[list[str], dict, int]:
     """(argv, env, number of processes to start ourselves: 0 when a launcher starts them)."""
     env = dict(os.environ)
+    if args.huge_pages in HUGE_PAGES:
+        env.update(THP_MEM_ALLOC_ENABLE=HUGE_PAGES[args.huge_pages],
+                   NUMPY_MADVISE_HUGEPAGE=HUGE_PAGES[args.huge_pages])
     if system.startswith("khorovod"):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
         if ":" in system:
@@ -178,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", help="horovodrun -H for khorovod (e.g. localhost:2,127.0.0.1:2 to pretend "
                                         "two hosts)")
     parser.add_argument("--mpirun-args", default="", help="extra mpirun arguments")
+    parser.add_argument("--huge-pages", choices=[*HUGE_PAGES, "native"], default="off",
+                        help="transparent huge pages for every system's buffers (on), for none (off, "
+                             "the default: what torch tensors get unless THP_MEM_ALLOC_ENABLE=1), or as "
+                             "each library allocates by itself (native: numpy's arrays get them, torch's not)")
     parser.add_argument("--repeat", type=int, default=1, help="rounds over all systems, taken in turns")
     parser.add_argument("--seconds", type=float, default=0.5, help="timing budget per op, size and system")
     parser.add_argument("--warmup", type=int, default=3)
@@ -200,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the 'horovod' system needs --horovod-python")
     os.makedirs(args.out_dir, exist_ok=True)
     info = {"command": " ".join(["python -m horovod.benchmarks", *(argv if argv is not None else sys.argv[1:])]),
-            "machine": machine(), "np": args.np, "systems": systems, "load_before": load(), "runs": [],
-            "errors": []}
+            "machine": machine(), "np": args.np, "systems": systems, "huge_pages": args.huge_pages,
+            "load_before": load(), "runs": [], "errors": []}
     plans = ([(ops, sizes, seconds, 2000)] if ops else []) + \
             ([(["allreduce"], LATENCY_SIZES, 0.05 if args.quick else 2.0, 200 if args.quick else 20000)]
              if "latency" in args.ops else [])
@@ -242,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"markdown tables: {os.path.join(args.out_dir, 'tables.md')}")
     if summaries["bandwidth"]:
         m = info["machine"]
-        title = f"{m['cpu']}, {m['cores']} cores; {args.np} ranks; load {info['load_before']} -> {info['load_after']}"
+        title = (f"{m['cpu']}, {m['cores']} cores; {args.np} ranks; huge pages {args.huge_pages}; "
+                 f"load {info['load_before']} -> {info['load_after']}")
         print(report.plot(summaries["bandwidth"], args.np, os.path.join(args.out_dir, "busbw.png"), title))
     return 1 if info["errors"] and not info["runs"] else 0
 

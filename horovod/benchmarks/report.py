@@ -28,19 +28,20 @@ def summarize(runs: Iterable[dict]) -> dict:
         for op, rows in report["ops"].items():
             for row in rows:
                 per_size = gathered.setdefault(op, {}).setdefault(run["system"], {}).setdefault(row["bytes"], [])
-                per_size.append((row, report["ranks"]))
+                per_size.append((row, report["ranks"], run.get("round", 0)))
     summary: dict = {}
     for op, systems in gathered.items():
         for system, sizes in systems.items():
             rows = []
             for nbytes, samples in sorted(sizes.items()):
                 ranks = samples[0][1]
-                median = statistics.median(row["median_s"] for row, _ in samples)
-                best = min(row["min_s"] for row, _ in samples)
+                median = statistics.median(row["median_s"] for row, _, _ in samples)
+                best = min(row["min_s"] for row, _, _ in samples)
                 algbw = nbytes / median / 1e9
                 rows.append({"bytes": nbytes, "median_s": median, "min_s": best, "algbw_GBps": algbw,
                              "busbw_GBps": algbw * bus_factor(op, ranks), "runs": len(samples),
-                             "per_run_median_s": [row["median_s"] for row, _ in samples]})
+                             "per_run_median_s": [row["median_s"] for row, _, _ in samples],
+                             "rounds": [round_ for _, _, round_ in samples]})
             summary.setdefault(op, {})[system] = rows
     return summary
 
@@ -58,27 +59,52 @@ def _time(seconds: float) -> str:
     return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
+def _ours(systems: list[str], ours: str | None) -> str:
+    """The system the others are compared with: `ours` if given, else the first of ours listed
+    (`khorovod:mpi` in `--systems khorovod:mpi,mpi,khorovod:shm`)."""
+    return ours or next((s for s in systems if s.startswith("khorovod")), "khorovod")
+
+
+def round_ratios(mine: dict, peer: dict) -> list[float]:
+    """The peer's time over ours, one per round both ran: each round starts fresh jobs of every
+    system in turns, so these ratios show how much separate jobs disagree."""
+    theirs = dict(zip(peer["rounds"], peer["per_run_median_s"]))
+    return [theirs[r] / t for r, t in zip(mine["rounds"], mine["per_run_median_s"]) if r in theirs]
+
+
 def _grid(per_system: dict, ours: str) -> tuple[list[str], list[str], list[tuple[int, list, list]]]:
     """What both renderings show: the systems, the peers we compare with, and per size each
-    system's row (None where it has none) and our speed-up over each peer (None if unknown)."""
+    system's row (None where it has none) and, per peer, our speed-up (the ratio of the medians,
+    and round by round), None if unknown."""
     systems = list(per_system)
     peers = [s for s in systems if s != ours and ours in systems]
     by = {s: {row["bytes"]: row for row in rows} for s, rows in per_system.items()}
     rows = []
     for nbytes in sorted({row["bytes"] for rows in per_system.values() for row in rows}):
         mine = by[ours].get(nbytes) if ours in by else None
-        ratios = [by[p][nbytes]["median_s"] / mine["median_s"] if mine and nbytes in by[p] else None for p in peers]
+        ratios = [(by[p][nbytes]["median_s"] / mine["median_s"], round_ratios(mine, by[p][nbytes]))
+                  if mine and nbytes in by[p] else None for p in peers]
         rows.append((nbytes, [by[s].get(nbytes) for s in systems], ratios))
     return systems, peers, rows
 
 
-def table(op: str, per_system: dict, ranks: int, ours: str = "khorovod", latency: bool = False) -> str:
+def _ratio(ratios: tuple[float, list[float]] | None) -> str:
+    """The ratio of the medians, and the range of the rounds' own ratios when there are several:
+    '0.80x' or '0.80x (0.71-0.93)'."""
+    if ratios is None:
+        return "-"
+    overall, per_round = ratios
+    text = f"{overall:.2f}x"
+    return text if len(per_round) < 2 else f"{text} ({min(per_round):.2f}-{max(per_round):.2f})"
+
+
+def table(op: str, per_system: dict, ranks: int, ours: str | None = None, latency: bool = False) -> str:
     """A fixed-width table: per size, each system's median time and busbw, and our ratio to each peer."""
-    systems, peers, rows = _grid(per_system, ours)
+    systems, peers, rows = _grid(per_system, _ours(list(per_system), ours))
     head = [f"{'size':>9}"]
     for s in systems:
         head.append(f"{s + (' median / min' if latency else ' time  busbw GB/s'):>27}")
-    head += [f"{'vs ' + p:>10}" for p in peers]
+    head += [f"{'vs ' + p:>22}" for p in peers]
     lines = [f"{op}: {ranks} ranks, float32; time = median over iterations of the slowest rank"
              + ("" if latency else f"; busbw = algbw * {bus_factor(op, ranks):.2f}"), " ".join(head)]
     for nbytes, cells_of, ratios in rows:
@@ -90,13 +116,14 @@ def table(op: str, per_system: dict, ranks: int, ours: str = "khorovod", latency
                 cells.append(f"{_time(row['median_s']) + ' / ' + _time(row['min_s']):>27}")
             else:
                 cells.append(f"{_time(row['median_s']):>14} {row['busbw_GBps']:>12.2f}")
-        cells += [f"{(f'{ratio:.2f}x' if ratio else '-'):>10}" for ratio in ratios]
+        cells += [f"{_ratio(r):>22}" for r in ratios]
         lines.append(" ".join(cells))
     return "\n".join(lines)
 
 
-def markdown(op: str, per_system: dict, ranks: int, ours: str = "khorovod", latency: bool = False) -> str:
+def markdown(op: str, per_system: dict, ranks: int, ours: str | None = None, latency: bool = False) -> str:
     """The same comparison as `table`, as a Markdown table (for docs)."""
+    ours = _ours(list(per_system), ours)
     systems, peers, rows = _grid(per_system, ours)
     column = "median (min)" if latency else "busbw GB/s (time)"
     head = ["size"] + [f"{s} {column}" for s in systems] + [f"{ours} vs {p}" for p in peers]
@@ -110,7 +137,7 @@ def markdown(op: str, per_system: dict, ranks: int, ours: str = "khorovod", late
                 cells.append(f"{_time(row['median_s'])} ({_time(row['min_s'])})")
             else:
                 cells.append(f"{row['busbw_GBps']:.2f} ({_time(row['median_s'])})")
-        cells += [f"{ratio:.2f}x" if ratio else "-" for ratio in ratios]
+        cells += [_ratio(r) for r in ratios]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

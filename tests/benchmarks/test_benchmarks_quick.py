@@ -9,8 +9,10 @@ import pytest
 
 from multirank import REPO, child_env
 
-from horovod.benchmarks.__main__ import parse_sizes
-from horovod.benchmarks.report import bus_factor, summarize, table
+import argparse
+
+from horovod.benchmarks.__main__ import command_for, parse_sizes
+from horovod.benchmarks.report import bus_factor, markdown, summarize, table
 
 
 def test_quick_allreduce_and_latency_write_their_json(tmp_path):
@@ -45,6 +47,27 @@ def test_sizes_factors_and_table():
     assert abs(ours["busbw_GBps"] - (1 << 20) / 0.002 / 1e9) < 1e-9
     text = table("allreduce", summary["allreduce"], 2)
     assert "1 MiB" in text and "1.00x" in text  # both medians are 2 ms
+
+
+def test_ratios_pair_the_rounds_of_fresh_jobs_and_show_their_range():
+    run = lambda system, round_, seconds: {"system": system, "round": round_, "report": {"ranks": 2, "ops": {
+        "allreduce": [{"bytes": 1 << 20, "median_s": seconds, "min_s": seconds}]}}}
+    summary = summarize([run("khorovod:mpi", 0, 0.002), run("mpi", 0, 0.001),
+                         run("khorovod:mpi", 1, 0.004), run("mpi", 1, 0.004),
+                         run("khorovod:mpi", 2, 0.003), run("mpi", 2, 0.0015)])
+    text = markdown("allreduce", summary["allreduce"], 2)
+    # Medians 3 ms and 1.5 ms; round by round mpi took 0.5x, 1.0x and 0.5x of khorovod:mpi's time.
+    assert "| khorovod:mpi vs mpi |" in text and "| 0.50x (0.50-1.00) |" in text
+
+
+def test_huge_pages_are_the_same_for_every_system():
+    args = argparse.Namespace(np=2, hosts=None, mpirun_args="", horovod_python=None, huge_pages="off")
+    for system in ("khorovod:mpi", "mpi", "gloo"):
+        _, env, _ = command_for(system, args, [], "out.json")
+        assert env["THP_MEM_ALLOC_ENABLE"] == env["NUMPY_MADVISE_HUGEPAGE"] == "0"
+    args.huge_pages = "on"
+    _, env, _ = command_for("mpi", args, [], "out.json")
+    assert env["THP_MEM_ALLOC_ENABLE"] == env["NUMPY_MADVISE_HUGEPAGE"] == "1"
 
 
 def test_torch_training_benchmark_runs_both_and_ends_identical():

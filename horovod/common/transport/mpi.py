@@ -4,8 +4,9 @@ Data collectives go straight to the MPI library on the caller's numpy buffers, w
 ours: in-place `Allreduce`, `Allgatherv`, `Bcast`, `Alltoallv`, `Reduce_scatter`, each on the
 communicator of the op's group (built once per group with `Create_group`, which only the group's
 members call, so process sets need no agreement beyond the op itself). Reductions MPI has no
-operator for (float16 sums where the library lacks them, bfloat16) gather every member's buffer
-and reduce it here, in member order, so every member gets the same bits.
+operator for (bfloat16; float16, which Open MPI 5 sums more slowly than this at 2 ranks) gather
+every member's buffer and reduce it here, in member order, so every member gets the same bits.
+Average never reaches a transport: the engine sums, then scales.
 
 Negotiation keeps the engine's protocol: its control messages are point-to-point messages on a
 communicator of their own (MPI keeps them in order between two ranks, as a socket does). MPI
@@ -38,7 +39,9 @@ class _Doorbell:
 
     Each sleeper is rung at most once per time it listens: `_unrung` holds the sleepers that
     listen and have not been rung yet, so one that starts listening while the other was just rung
-    is still served."""
+    is still served. While a framework thread drives the engine, the idle engine thread's sleep is
+    `muted`: the driver answers peers itself, and probing for (then waking) a thread that has
+    nothing to do would take a core from the ranks doing the work."""
 
     def __init__(self, probe: Callable[[], bool]) -> None:
         self._probe = probe  # a control message is waiting
@@ -46,6 +49,7 @@ class _Doorbell:
         for read_end, _ in self._pipes.values():
             os.set_blocking(read_end, False)
         self._unrung: set[bool] = set()
+        self._muted = False
         self._changed = threading.Condition()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="hvd-mpi-doorbell", daemon=True)
@@ -59,6 +63,17 @@ class _Doorbell:
             (self._unrung.add if on else self._unrung.discard)(driver)
             self._changed.notify()
 
+    def mute(self, on: bool) -> None:
+        """Muting wakes nobody (the thread finds out on its next probe); unmuting wakes the thread
+        only if the engine thread is asleep and waiting to be rung."""
+        with self._changed:
+            self._muted = on
+            if not on and False in self._unrung:
+                self._changed.notify()
+
+    def _listeners(self) -> set[bool]:
+        return self._unrung - {False} if self._muted else self._unrung
+
     def drain(self, driver: bool) -> None:
         try:
             while os.read(self.fd(driver), 64):
@@ -70,15 +85,15 @@ class _Doorbell:
         pause = _POLL_MIN
         while True:
             with self._changed:
-                while not self._unrung and not self._closed:
+                while not self._listeners() and not self._closed:
                     self._changed.wait()
                     pause = _POLL_MIN
                 if self._closed:
                     return
-                listeners = set(self._unrung)
+                listeners = self._listeners()
             if self._probe():
                 with self._changed:
-                    for driver in listeners & self._unrung:
+                    for driver in listeners & self._listeners():
                         os.write(self._pipes[driver][1], b"!")
                         self._unrung.discard(driver)
                 continue
@@ -144,7 +159,7 @@ class MpiTransport(Transport):
         MPI = self._MPI
         if dtype == np.bool_:
             return MPI.LOR if op in (Sum, Max) else MPI.LAND
-        if dtype.char == "e":  # MPI libraries differ on whether they can sum float16
+        if dtype.char == "e":  # older libraries cannot sum float16; Open MPI 5 does it slowly
             return None
         try:
             MPI.Datatype.fromcode(dtype.char)
@@ -253,6 +268,10 @@ class MpiTransport(Transport):
 
     def drain(self, driver: bool) -> None:
         self._doorbell.drain(driver)
+
+    def set_caller_driving(self, on: bool) -> bool:
+        self._doorbell.mute(on)
+        return not on and self.has_activity()
 
     def close(self) -> None:
         if self._closed:
