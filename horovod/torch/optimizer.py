@@ -44,7 +44,7 @@ from horovod.common.gradients import GradientReducer
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Adasum, Average
 from horovod.common.settings import Settings
-from horovod.common.transport.shm.placement import cores_per_rank
+from horovod.common.cores import cores_per_rank
 from horovod.torch.compression import Compression, Compressor
 from horovod.torch._bridge import Pending, start
 from horovod.torch.adasum_optimizer import DistributedAdasumOptimizer

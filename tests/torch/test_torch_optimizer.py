@@ -15,7 +15,7 @@ from multirank import hvdrun  # noqa: E402
 IDENTITY = r'''
 import torch
 import horovod.torch as hvd
-from horovod.common.transport.shm.placement import cores_per_rank
+from horovod.common.cores import cores_per_rank
 
 torch.set_num_threads(1)
 hvd.init()

@@ -62,12 +62,3 @@ class CoreShare:
         if self._original is not None:
             _set_all_threads(self._original)
             self._original = self.cpus = None
-
-
-def cores_per_rank(local_size: int) -> float:
-    """How many cores this rank can count on: its own share where it is placed (by us, mpirun,
-    srun or taskset), else an even share of the machine with the other ranks of its host."""
-    if not hasattr(os, "sched_getaffinity"):
-        return (os.cpu_count() or 1) / max(local_size, 1)
-    allowed = len(os.sched_getaffinity(0))
-    return allowed / max(local_size, 1) if allowed == os.cpu_count() else float(allowed)
