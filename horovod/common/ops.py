@@ -30,6 +30,10 @@ def _group_names(prefix: str, name: str | None, count: int, rt: basics.Runtime,
     return [f"{base}_{i + 1}of{count}" for i in range(count)]
 
 
+# An enum member's `.name` is a Python property: looked up once here, not per op.
+_KINDS = {op_type: op_type.name.lower() for op_type in OpType}
+
+
 def _check_array(array: object, op: str, name: str) -> np.ndarray:
     if not isinstance(array, np.ndarray):
         raise ValueError(f"{op} {name}: expected a numpy array, got {type(array).__name__}")
@@ -87,7 +91,7 @@ def _entries(rt: basics.Runtime, op_type: OpType, tensors: Sequence[np.ndarray],
     """Submit one entry per tensor, all completing one handle. `prepare(i, tensor, name)` makes the
     checks particular to the op and returns the output array (None: the engine allocates it) and
     the extra Request fields."""
-    kind = op_type.name.lower()
+    kind = _KINDS[op_type]
     handle = Handle(len(tensors), grouped, names[0] if names else f"grouped_{kind}")
     entries = []
     for i, (tensor, name) in enumerate(zip(tensors, names)):

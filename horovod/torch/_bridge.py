@@ -24,20 +24,24 @@ from horovod.common.reduce_ops import BFLOAT16, DTYPE_NAMES, is_bfloat16
 SUPPORTED_DTYPES = tuple(getattr(torch, name) for name in DTYPE_NAMES)
 
 
+def _what(op: str, name: str | None) -> str:
+    """How an error names the call (built only on error: every op passes through here)."""
+    return f"{op} {name}" if name else op
+
+
 def host_array(tensor: torch.Tensor, op: str, name: str | None) -> np.ndarray:
     """The numpy array the core reads: the tensor's own memory on CPU, a host copy otherwise."""
-    what = f"{op} {name}" if name else op
     if not isinstance(tensor, torch.Tensor):
-        raise ValueError(f"{what}: expected a torch.Tensor, got {type(tensor).__name__}")
+        raise ValueError(f"{_what(op, name)}: expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in SUPPORTED_DTYPES or (tensor.dtype is torch.bfloat16 and BFLOAT16 is None):
         hint = " (bfloat16 needs the ml_dtypes package)" if tensor.dtype is torch.bfloat16 else ""
-        raise ValueError(f"{what}: tensor type {tensor.dtype} is not supported{hint}; supported types: "
+        raise ValueError(f"{_what(op, name)}: tensor type {tensor.dtype} is not supported{hint}; supported types: "
                          f"{', '.join(str(d).replace('torch.', '') for d in SUPPORTED_DTYPES)}")
     if tensor.layout is not torch.strided:
-        raise ValueError(f"{what}: {tensor.layout} tensors are not supported here; use sparse_allreduce_async "
-                         "for sparse tensors")
+        raise ValueError(f"{_what(op, name)}: {tensor.layout} tensors are not supported here; use "
+                         "sparse_allreduce_async for sparse tensors")
     if not tensor.is_contiguous():
-        raise ValueError(f"{what}: the tensor is not contiguous; pass tensor.contiguous()")
+        raise ValueError(f"{_what(op, name)}: the tensor is not contiguous; pass tensor.contiguous()")
     tensor = tensor.detach()
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()

@@ -100,9 +100,10 @@ class Cycle:
         hits = invalid = 0
         misses: list[Entry] = []
         hit_bits: dict[str, int] = {}
+        use_cache = cache.enabled and self.tunables.cache_enabled
         for name, (entry, since) in list(state.unsent.items()):
             status, bit = ("miss", -1)
-            if cache.enabled and self.tunables.cache_enabled and entry.request.op_type in CACHEABLE:
+            if use_cache and entry.request.op_type in CACHEABLE:
                 status, bit = cache.lookup(entry.request)
             if status == "hit" and (stall_limit is None or now - since < stall_limit):
                 hits |= 1 << bit
@@ -118,7 +119,10 @@ class Cycle:
                  | (JOINED if state.joined else 0) | (FORCE_SLOW if force else 0) | (BLOCKED if waits else 0))
         members = state.members
         message = (flags, hits, invalid, waits) if waits else (flags, hits, invalid)
-        replies = [wire.decode(p) for p in self.transport.exchange(members, wire.encode(message))]
+        payload = wire.encode(message)
+        # Our own payload comes back as the very object sent (where the transport does so): its
+        # message is at hand, and decoding costs about 2 us per cycle.
+        replies = [message if p is payload else wire.decode(p) for p in self.transport.exchange(members, payload)]
         ready, stale, slow_path, shut_down = agree(members, replies, cache.num_bits)
         if shut_down:
             self.shutdown.ranks.update(shut_down)

@@ -27,10 +27,9 @@ of each process set, who left the job). This module is the face that the collect
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from horovod.common.engine.driver import Driver
 from horovod.common.engine.handles import Entry
@@ -42,6 +41,19 @@ if TYPE_CHECKING:
     from horovod.common.timeline import Timeline
 
 
+class _CallerWaits(threading.local):
+    """Per thread: is a submission under way whose caller waits for it at once? A context
+    manager of its own, because `contextlib`'s generator costs a microsecond per op."""
+
+    will_wait = False
+
+    def __enter__(self) -> None:
+        self.will_wait = True
+
+    def __exit__(self, *exc: object) -> None:
+        self.will_wait = False
+
+
 class Engine(Driver):
     """The engine as the collective API sees it: submit entries, then wait on their handles
     (`Handle.wait` drives the engine; see `Driver.drive_until`)."""
@@ -49,7 +61,7 @@ class Engine(Driver):
     def __init__(self, settings: Settings, transport: Transport, sets: dict[int, tuple[int, ...]],
                  timeline: Timeline | None) -> None:
         super().__init__(settings, transport, timeline if transport.rank == 0 else None)
-        self._submitter = threading.local()  # will_wait: see caller_waits
+        self._submitter = _CallerWaits()
         for set_id, members in sets.items():
             self.register_set(set_id, members)
 
@@ -58,9 +70,10 @@ class Engine(Driver):
         state = self.sets.get(set_id)
         # Peers known to have left come first: once one has, the engine may also have died of its
         # closed connection, and "rank 1 failed" says more than "rank 1 closed its connection".
-        gone = self.shutdown.ranks.intersection(state.members) - {self.rank} if state else set()
-        if gone:
-            raise self.shutdown.error(gone, entries[0].name)
+        if state is not None and self.shutdown.ranks:  # no set arithmetic per op while nobody has left
+            gone = self.shutdown.ranks.intersection(state.members) - {self.rank}
+            if gone:
+                raise self.shutdown.error(gone, entries[0].name)
         if self.fatal is not None:
             # A fresh error per call that names the op that cannot run (the engine may have died
             # while idle, with no op of ours in flight to name).
@@ -85,21 +98,16 @@ class Engine(Driver):
                 entry.handle.set_id = set_id
             state.new.extend(entries)
         self.blocked.last_submit = time.monotonic()
-        if not getattr(self._submitter, "will_wait", False):
+        if not self._submitter.will_wait:
             self._wake()
         if self._drive.locked():  # a caller driving the engine may be asleep waiting for peers
             self._wake(driver=True)
 
-    @contextlib.contextmanager
-    def caller_waits(self) -> Iterator[None]:
+    def caller_waits(self) -> _CallerWaits:
         """Around a submission whose caller waits for it at once: it will run the cycle itself
         (drive_until), so the engine thread is not woken; waking it would only make the two
         threads compete for the GIL and the drive lock."""
-        self._submitter.will_wait = True
-        try:
-            yield
-        finally:
-            self._submitter.will_wait = False
+        return self._submitter
 
     def register_set(self, set_id: int, members: tuple[int, ...]) -> None:
         self.cycle.register_set(set_id, members)

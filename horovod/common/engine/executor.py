@@ -31,6 +31,7 @@ class Executor:
         self.fusion_threshold = fusion_threshold
         self.timeline = timeline
         self._fusion = np.empty(0, np.uint8)
+        self._allreduce_activity = f"{transport.name.upper()}_ALLREDUCE"  # built once, not per op
 
     def _fusion_bytes(self, nbytes: int) -> np.ndarray:
         """The persistent fusion buffer, grown once to the threshold and then reused (or the
@@ -88,7 +89,7 @@ class Executor:
         dtype = SUPPORTED_DTYPES[response.dtype]
         postscale = response.postscale / len(members) if response.reduce_op == Average else response.postscale
         wire_op = Sum if response.reduce_op == Average else response.reduce_op
-        activity = f"{self.transport.name.upper()}_ALLREDUCE"
+        activity = self._allreduce_activity
         if len(entries) == 1:
             entry = entries[0]
             if entry is None:  # joined rank: contribute zeros

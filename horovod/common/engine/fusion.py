@@ -19,7 +19,7 @@ def plan_fusion(responses: list[Response], threshold_bytes: int) -> list[Respons
     Looks past non-matching responses (e.g. fp16 and fp32 gradients interleaved), keeping the
     first position of each fused group, so execution order stays the same on every rank.
     """
-    if threshold_bytes <= 0:
+    if threshold_bytes <= 0 or len(responses) == 1:  # a lone response fuses with nothing
         return list(responses)
     planned: list[Response] = []
     used = [False] * len(responses)
@@ -48,6 +48,9 @@ def plan_fusion(responses: list[Response], threshold_bytes: int) -> list[Respons
             total += size
             names.extend(other.names)
             shapes.extend(other.shapes)
+        if len(names) == len(first.names):  # nothing joined it: it travels as it is, no copy
+            planned.append(first)
+            continue
         planned.append(Response(OpType.ALLREDUCE, names, first.dtype, shapes, reduce_op=first.reduce_op,
                                 prescale=first.prescale, postscale=first.postscale))
     return planned

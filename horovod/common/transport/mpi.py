@@ -64,12 +64,13 @@ class _Doorbell:
             self._changed.notify()
 
     def mute(self, on: bool) -> None:
-        """Muting wakes nobody (the thread finds out on its next probe); unmuting wakes the thread
-        only if the engine thread is asleep and waiting to be rung."""
+        """Wakes nobody. Muting: the thread finds out on its next probe. Unmuting: a driver
+        unmutes after each op and mutes again at its next, and waking this thread each time cost
+        a back-to-back op about half its time at 2 ranks (the thread takes the GIL and a core). A
+        muted thread looks again every _POLL_MAX instead (see `_run`): the engine thread is rung
+        at most that much later, the longest a probe's pause is anyway."""
         with self._changed:
             self._muted = on
-            if not on and False in self._unrung:
-                self._changed.notify()
 
     def _listeners(self) -> set[bool]:
         return self._unrung - {False} if self._muted else self._unrung
@@ -86,7 +87,8 @@ class _Doorbell:
         while True:
             with self._changed:
                 while not self._listeners() and not self._closed:
-                    self._changed.wait()
+                    # Muted while the engine thread listens: unmuting does not notify (see mute).
+                    self._changed.wait(_POLL_MAX if self._muted and False in self._unrung else None)
                     pause = _POLL_MIN
                 if self._closed:
                     return
