@@ -34,31 +34,32 @@ def _group_names(prefix: str, name: str | None, count: int, rt: basics.Runtime,
 _KINDS = {op_type: op_type.name.lower() for op_type in OpType}
 
 
-def _check_array(array: object, op: str, name: str) -> np.ndarray:
+def _check_array(array: object, op: str, name: str) -> str:
+    """Refuse what the core cannot move; returns the array's dtype name (for its Request)."""
     if not isinstance(array, np.ndarray):
         raise ValueError(f"{op} {name}: expected a numpy array, got {type(array).__name__}")
     if not array.flags.c_contiguous:
         raise ValueError(f"{op} {name}: the tensor is not contiguous; pass a contiguous copy "
                          "(numpy.ascontiguousarray / tensor.contiguous())")
     try:
-        dtype_name(array.dtype)
+        return dtype_name(array.dtype)
     except ValueError as exc:
         raise ValueError(f"{op} {name}: {exc}") from None
-    return array
 
 
-def _check_reduce(op: int, dtype: str, what: str, rt: basics.Runtime, process_set: ProcessSet) -> None:
+def _check_reduce(op: int, dtype: str, kind: str, name: str, rt: basics.Runtime, process_set: ProcessSet) -> None:
     check_reducible(dtype, op)
     if op == Adasum:  # every member sees the same set and hosts, so each raises the same error
         error = rt.transport.adasum_error(process_set.ranks)
         if error:
-            raise NotImplementedError(f"{what}: {error}")
+            raise NotImplementedError(f"{kind} {name}: {error}")
 
 
-def _request(rt: basics.Runtime, op_type: OpType, name: str, array: np.ndarray | None, **fields: object) -> Request:
-    return Request(rt.settings.topology.rank, op_type, name,
-                   dtype_name(array.dtype) if array is not None else "",
-                   tuple(array.shape) if array is not None else (), **fields)  # type: ignore[arg-type]
+def _request(rt: basics.Runtime, op_type: OpType, name: str, array: np.ndarray | None = None, dtype: str = "",
+             **fields: object) -> Request:
+    """This rank's Request for `array` (of dtype name `dtype`); a bare one for ops without data."""
+    return Request(rt.settings.topology.rank, op_type, name, dtype,
+                   array.shape if array is not None else (), **fields)  # type: ignore[arg-type]
 
 
 def grouped_allreduce_async(tensors: Sequence[np.ndarray], name: str | None = None, op: int = Average,
@@ -87,17 +88,17 @@ def allreduce_async(tensor: np.ndarray, name: str | None = None, op: int = Avera
 
 def _entries(rt: basics.Runtime, op_type: OpType, tensors: Sequence[np.ndarray], names: list[str],
              process_set: ProcessSet, grouped: bool,
-             prepare: Callable[[int, np.ndarray, str], tuple[np.ndarray | None, dict[str, Any]]]) -> Handle:
-    """Submit one entry per tensor, all completing one handle. `prepare(i, tensor, name)` makes the
-    checks particular to the op and returns the output array (None: the engine allocates it) and
-    the extra Request fields."""
+             prepare: Callable[[int, np.ndarray, str, str], tuple[np.ndarray | None, dict[str, Any]]]) -> Handle:
+    """Submit one entry per tensor, all completing one handle. `prepare(i, tensor, name, dtype)`
+    makes the checks particular to the op and returns the output array (None: the engine
+    allocates it) and the extra Request fields."""
     kind = _KINDS[op_type]
     handle = Handle(len(tensors), grouped, names[0] if names else f"grouped_{kind}")
     entries = []
     for i, (tensor, name) in enumerate(zip(tensors, names)):
-        tensor = _check_array(tensor, kind, name)
-        output, fields = prepare(i, tensor, name)
-        entries.append(Entry(_request(rt, op_type, name, tensor, **fields), tensor, output, handle, i))
+        dtype = _check_array(tensor, kind, name)
+        output, fields = prepare(i, tensor, name, dtype)
+        entries.append(Entry(_request(rt, op_type, name, tensor, dtype, **fields), tensor, output, handle, i))
     if entries:
         rt.submit(process_set, entries)
     return handle
@@ -106,10 +107,11 @@ def _entries(rt: basics.Runtime, op_type: OpType, tensors: Sequence[np.ndarray],
 def _allreduce_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names: list[str], op: int,
                        prescale: float, postscale: float, process_set: ProcessSet,
                        outputs: Sequence[np.ndarray] | None, grouped: bool) -> Handle:
-    def prepare(i: int, tensor: np.ndarray, name: str) -> tuple[np.ndarray, dict[str, Any]]:
-        _check_reduce(op, dtype_name(tensor.dtype), f"allreduce {name}", rt, process_set)
+    def prepare(i: int, tensor: np.ndarray, name: str, dtype: str) -> tuple[np.ndarray, dict[str, Any]]:
+        _check_reduce(op, dtype, "allreduce", name, rt, process_set)
         output = outputs[i] if outputs is not None else np.empty_like(tensor)
-        if output.shape != tensor.shape or output.dtype != tensor.dtype or not output.flags.c_contiguous:
+        if output is not tensor and (output.shape != tensor.shape or output.dtype != tensor.dtype
+                                     or not output.flags.c_contiguous):
             raise ValueError(f"allreduce {name}: the output must be a contiguous array of the input's "
                              f"shape and dtype ({tensor.shape}, {tensor.dtype})")
         return output, {"reduce_op": op, "prescale": float(prescale), "postscale": float(postscale)}
@@ -133,7 +135,7 @@ def allgather_async(tensor: np.ndarray, name: str | None = None,
 
 def _allgather_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names: list[str],
                        process_set: ProcessSet, grouped: bool) -> Handle:
-    def prepare(i: int, tensor: np.ndarray, name: str) -> tuple[None, dict[str, Any]]:
+    def prepare(i: int, tensor: np.ndarray, name: str, dtype: str) -> tuple[None, dict[str, Any]]:
         if tensor.ndim == 0:
             raise ValueError(f"allgather {name}: cannot gather a rank-zero tensor; reshape it to [1]")
         return None, {}
@@ -147,13 +149,13 @@ def broadcast_async(tensor: np.ndarray, root_rank: int, name: str | None = None,
     to broadcast in place)."""
     rt = basics.runtime()
     full_name = _op_name("broadcast", name, rt, process_set)
-    tensor = _check_array(tensor, "broadcast", full_name)
+    dtype = _check_array(tensor, "broadcast", full_name)
     process_set.require_registered()
     if root_rank not in process_set.ranks:
         raise ValueError(f"broadcast {full_name}: root_rank {root_rank} is not a member of {process_set}")
     output = np.empty_like(tensor) if output is None else output
     handle = Handle(1, False, full_name)
-    request = _request(rt, OpType.BROADCAST, full_name, tensor, root_rank=int(root_rank))
+    request = _request(rt, OpType.BROADCAST, full_name, tensor, dtype, root_rank=int(root_rank))
     rt.submit(process_set, [Entry(request, tensor, output, handle)])
     return handle
 
@@ -163,7 +165,7 @@ def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None
     """Send splits[j] rows to member j; result: (received rows, received splits as int32)."""
     rt = basics.runtime()
     full_name = _op_name("alltoall", name, rt, process_set)
-    tensor = _check_array(tensor, "alltoall", full_name)
+    dtype = _check_array(tensor, "alltoall", full_name)
     process_set.require_registered()
     n = len(process_set.ranks)
     if tensor.ndim == 0:
@@ -184,7 +186,7 @@ def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None
             raise ValueError(f"alltoall {full_name}: splits {split_list} must be >= 0 and sum to at most "
                              f"dim 0 ({tensor.shape[0]})")
     handle = Handle(1, False, full_name)
-    request = _request(rt, OpType.ALLTOALL, full_name, tensor, splits=tuple(split_list))
+    request = _request(rt, OpType.ALLTOALL, full_name, tensor, dtype, splits=tuple(split_list))
     rt.submit(process_set, [Entry(request, tensor, None, handle)])
     return handle
 
@@ -223,9 +225,9 @@ def _reducescatter_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], na
     n = len(process_set.ranks)
     me = process_set.ranks.index(rt.settings.topology.rank) if rt.settings.topology.rank in process_set.ranks else 0
 
-    def prepare(i: int, tensor: np.ndarray, name: str) -> tuple[np.ndarray, dict[str, Any]]:
+    def prepare(i: int, tensor: np.ndarray, name: str, dtype: str) -> tuple[np.ndarray, dict[str, Any]]:
         check_reducescatter_op(op, name)
-        _check_reduce(op, dtype_name(tensor.dtype), f"reducescatter {name}", rt, process_set)
+        _check_reduce(op, dtype, "reducescatter", name, rt, process_set)
         if tensor.ndim == 0:
             raise ValueError(f"reducescatter {name}: cannot scatter a rank-zero tensor; reshape it to [1]")
         rows = block_size(tensor.shape[0], n, me)

@@ -43,7 +43,7 @@ def host_array(tensor: torch.Tensor, op: str, name: str | None) -> np.ndarray:
     if not tensor.is_contiguous():
         raise ValueError(f"{_what(op, name)}: the tensor is not contiguous; pass tensor.contiguous()")
     tensor = tensor.detach()
-    if tensor.device.type != "cpu":
+    if not tensor.is_cpu:  # `is_cpu`, not `device.type`: a sixth of the cost, on every op
         tensor = tensor.cpu()
     if tensor.dtype is torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(BFLOAT16)
@@ -83,20 +83,19 @@ def start(kind: str, tensors: Sequence[torch.Tensor], grouped: bool = False, inp
         kwargs["outputs" if grouped else "output"] = arrays if grouped else arrays[0]
     single, group = CORE_CALLS[kind]
     handle = group(arrays, **kwargs) if grouped else single(arrays[0], **kwargs)  # type: ignore[misc]
-    devices = [t.device for t in tensors]
 
     def finish(result: Any) -> Any:
         results = result if grouped else [result]
         if inplace:
             for tensor, array in zip(tensors, results):
-                if tensor.device.type != "cpu":  # staged: copy the host result back to the device
+                if not tensor.is_cpu:  # staged: copy the host result back to the device
                     tensor.copy_(to_tensor(array, tensor.device))
                 torch.autograd.graph.increment_version(tensor)
             outputs: list[Any] = list(tensors)
         elif kind == "alltoall":
-            outputs = [(to_tensor(r[0], d), torch.from_numpy(r[1])) for r, d in zip(results, devices)]
+            outputs = [(to_tensor(r[0], t.device), torch.from_numpy(r[1])) for r, t in zip(results, tensors)]
         else:
-            outputs = [to_tensor(r, d) for r, d in zip(results, devices)]
+            outputs = [to_tensor(r, t.device) for r, t in zip(results, tensors)]
         return outputs if grouped else outputs[0]
 
     return Pending(handle, finish)

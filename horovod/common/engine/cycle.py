@@ -48,6 +48,8 @@ class Cycle:
         self._on_fatal = on_fatal  # a coordinator's fatal decision (stall shutdown) ends the engine
         self.blocked = blocked  # what this rank's threads are stuck waiting for
         self.forced = False  # the next cycle is due now and takes the slow path (stalled work)
+        # Stalled cache hits go to the coordinator after this long (None: stall checks are off).
+        self._stall_limit = None if settings.stall_check_disable else settings.stall_check_time_seconds
         self.last_start = 0.0
         self.executing: list[Entry | None] = []  # failed too if the engine dies mid-operation
         # The knobs in force (autotune changes them at a cycle's end, on every rank at once).
@@ -96,7 +98,7 @@ class Cycle:
             else:
                 state.unsent[entry.name] = (entry, now)
         cache = state.cache
-        stall_limit = None if self.settings.stall_check_disable else self.settings.stall_check_time_seconds
+        stall_limit = self._stall_limit
         hits = invalid = 0
         misses: list[Entry] = []
         hit_bits: dict[str, int] = {}
@@ -127,7 +129,7 @@ class Cycle:
         if shut_down:
             self.shutdown.ranks.update(shut_down)
             self.shutdown.failed.update(m for m, reply in zip(members, replies) if reply[0] & FAILED)
-        gone = self.shutdown.ranks.intersection(members)
+        gone = self.shutdown.ranks.intersection(members) if self.shutdown.ranks else None
         if gone:  # every member sees the same flags, so all of them stop this set together
             for entry in state.take_pending():
                 entry.finish(error=self.shutdown.error(gone, entry.name))

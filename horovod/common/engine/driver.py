@@ -202,12 +202,20 @@ class Driver:
             if entry is not None:
                 entry.finish(error=error)
 
+    # These two run several times per op: plain loops, not any() over a generator (twice the cost).
     def _busy(self) -> bool:
-        return any(state.unsent or state.waiting for state in self.sets.values())
+        for state in self.sets.values():
+            if state.unsent or state.waiting:
+                return True
+        return False
 
     def _has_new_work(self) -> bool:
-        return ((self.shutdown.requested and not self.shutdown.announced) or self.cycle.forced
-                or any(state.new for state in self.sets.values()))
+        if (self.shutdown.requested and not self.shutdown.announced) or self.cycle.forced:
+            return True
+        for state in self.sets.values():
+            if state.new:
+                return True
+        return False
 
     def _cycle_due(self) -> bool:
         """A lone op starts at once; ops arriving while others are in flight are batched for up

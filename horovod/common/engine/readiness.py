@@ -36,23 +36,26 @@ def agree(members: Sequence[int], replies: Sequence[tuple], num_bits: int) -> Ag
 
     `num_bits` is the size of the response cache's bit space: when every member has joined, no
     cached tensor is ready (nobody submits); otherwise a bit is ready when every member that has
-    not joined set it, and nobody found it stale.
+    not joined set it, and nobody found it stale. One plain loop: this runs every cycle.
     """
-    # Joined ranks submit nothing: only the others decide which cached tensors are ready.
-    common = (1 << num_bits) - 1 if any(not reply[0] & JOINED for reply in replies) else 0
+    common = (1 << num_bits) - 1
+    everyone_joined = True
     any_stale = any_flags = 0
     shut_down: list[int] = []
-    for member, (flags, ready, stale, *_) in zip(members, replies):
-        if not flags & JOINED:
-            common &= ready
-        any_stale |= stale
+    for member, reply in zip(members, replies):
+        flags = reply[0]
+        if not flags & JOINED:  # joined ranks submit nothing: only the others decide
+            common &= reply[1]
+            everyone_joined = False
+        any_stale |= reply[2]
         any_flags |= flags
         if flags & SHUTDOWN:
             shut_down.append(member)
-    stale_bits = bits(any_stale)
-    if any_stale:
-        common &= ~any_stale
-    return bits(common), stale_bits, bool(any_flags & (HAS_UNCACHED | FORCE_SLOW) or any_stale), shut_down
+    if everyone_joined:
+        common = 0
+    if not any_stale:
+        return bits(common), [], bool(any_flags & (HAS_UNCACHED | FORCE_SLOW)), shut_down
+    return bits(common & ~any_stale), bits(any_stale), True, shut_down
 
 
 def bits(value: int) -> list[int]:

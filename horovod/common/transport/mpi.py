@@ -64,13 +64,13 @@ class _Doorbell:
             self._changed.notify()
 
     def mute(self, on: bool) -> None:
-        """Wakes nobody. Muting: the thread finds out on its next probe. Unmuting: a driver
-        unmutes after each op and mutes again at its next, and waking this thread each time cost
-        a back-to-back op about half its time at 2 ranks (the thread takes the GIL and a core). A
+        """Wakes nobody, and takes no lock (a driver calls this twice per op; storing a bool is
+        atomic). Muting: the thread finds out on its next probe. Unmuting: a driver unmutes
+        after each op and mutes again at its next, and waking this thread each time cost a
+        back-to-back op about half its time at 2 ranks (the thread takes the GIL and a core). A
         muted thread looks again every _POLL_MAX instead (see `_run`): the engine thread is rung
         at most that much later, the longest a probe's pause is anyway."""
-        with self._changed:
-            self._muted = on
+        self._muted = on
 
     def _listeners(self) -> set[bool]:
         return self._unrung - {False} if self._muted else self._unrung
@@ -144,6 +144,7 @@ class MpiTransport(Transport):
         self._data = job.Dup()
         self._control = job.Dup()
         self._groups: dict[tuple[int, ...], Any] = {tuple(range(self.size)): self._data}
+        self._ops: dict[tuple[np.dtype, int], Any] = {}  # MPI's operator per (dtype, op), see _op
         self._doorbell = _Doorbell(self.has_activity)
         self._closed = False
 
@@ -157,7 +158,14 @@ class MpiTransport(Transport):
         return comm
 
     def _op(self, dtype: np.dtype, op: int) -> Any:
-        """MPI's operator for `op` on `dtype`; None when MPI cannot reduce that type."""
+        """MPI's operator for `op` on `dtype`; None when MPI cannot reduce that type. Looked up
+        once per pair: every allreduce asks."""
+        key = (dtype, op)
+        if key not in self._ops:
+            self._ops[key] = self._find_op(dtype, op)
+        return self._ops[key]
+
+    def _find_op(self, dtype: np.dtype, op: int) -> Any:
         MPI = self._MPI
         if dtype == np.bool_:
             return MPI.LOR if op in (Sum, Max) else MPI.LAND
