@@ -6,7 +6,8 @@ from horovod.common.engine.coordinator import Coordinator, stall_message, valida
 from horovod.common.engine.fusion import plan_fusion
 from horovod.common.engine.handles import Entry, Handle
 from horovod.common.engine.messages import OpType, Request, Response
-from horovod.common.engine.readiness import FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree, bits
+from horovod.common.engine.readiness import (BLOCKED, FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree, bits,
+                                              decode_status, encode_status)
 from horovod.common.engine.response_cache import ResponseCache
 from horovod.common.engine.state import SetState, ShutdownState
 from horovod.common.reduce_ops import Average, Max, Sum
@@ -176,6 +177,22 @@ class TestReadiness:
 
     def test_bits_lists_set_bits_in_ascending_order(self):
         assert bits(0) == [] and bits(0b1010_0001) == [0, 5, 7] and bits(1 << 70) == [70]
+
+    @pytest.mark.parametrize("status", [(0, 0, 0, []), (HAS_UNCACHED, 0b1011, 0, []),
+                                        (JOINED | SHUTDOWN, 1 << 1500, (1 << 9) | 1, []),
+                                        (BLOCKED, 0b1, 0, ["allreduce.a", "barrier.noname"])])
+    def test_a_status_crosses_the_wire_unchanged(self, status):
+        data = encode_status(*status)
+        assert decode_status(data) == status and decode_status(bytearray(data)) == status
+
+    @pytest.mark.parametrize("data", [b"", b"\x00\x01", encode_status(0, 1 << 40, 0, [])[:-1],
+                                      encode_status(BLOCKED, 1, 0, ["a"])[:9] + b"\x80\x05K\x01.",
+                                      encode_status(BLOCKED, 1, 0, [])[:10] + __import__("pickle").dumps([1, 2])])
+    def test_a_malformed_status_is_refused(self, data):
+        from horovod.common.wire import WireError
+
+        with pytest.raises(WireError, match="malformed"):
+            decode_status(data)
 
 
 class TestSetState:

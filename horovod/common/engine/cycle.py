@@ -19,7 +19,8 @@ from horovod.common.engine.executor import Executor
 from horovod.common.engine.fusion import plan_fusion
 from horovod.common.engine.handles import Entry
 from horovod.common.engine.messages import CACHEABLE, OpType, Request, Response
-from horovod.common.engine.readiness import BLOCKED, FAILED, FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree
+from horovod.common.engine.readiness import (BLOCKED, FAILED, FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree,
+                                              decode_status, encode_status)
 from horovod.common.engine.state import SetState, ShutdownState
 from horovod.common.engine.tunables import Tunables
 from horovod.common.exceptions import HorovodInternalError
@@ -120,11 +121,11 @@ class Cycle:
                  | (HAS_UNCACHED if (misses or join_request) else 0)
                  | (JOINED if state.joined else 0) | (FORCE_SLOW if force else 0) | (BLOCKED if waits else 0))
         members = state.members
-        message = (flags, hits, invalid, waits) if waits else (flags, hits, invalid)
-        payload = wire.encode(message)
+        message = (flags, hits, invalid, waits)
+        payload = encode_status(*message)
         # Our own payload comes back as the very object sent (where the transport does so): its
-        # message is at hand, and decoding costs about 2 us per cycle.
-        replies = [message if p is payload else wire.decode(p) for p in self.transport.exchange(members, payload)]
+        # message is at hand, not decoded again.
+        replies = [message if p is payload else decode_status(p) for p in self.transport.exchange(members, payload)]
         ready, stale, slow_path, shut_down = agree(members, replies, cache.num_bits)
         if shut_down:
             self.shutdown.ranks.update(shut_down)

@@ -10,7 +10,10 @@ runs only if some member asks for it. A pure function, so every case is unit-tes
 
 from __future__ import annotations
 
+import struct
 from typing import Sequence
+
+from horovod.common import wire
 
 # Status flags a member sends with its bitsets.
 SHUTDOWN = 1  # this rank is leaving the job (sent in the global set's exchange only)
@@ -28,6 +31,38 @@ BLOCKED = 32  # a thread of it is stuck waiting for an op of this set (its names
 #   slow_path  some member has uncached, stale or forced work for the coordinator
 #   shut_down  members (global ranks) that announced they are leaving the job
 Agreement = tuple[list[int], list[int], bool, list[int]]
+
+
+# A status on the wire: flags, the byte lengths of the ready and the stale bitsets, the bitsets
+# (little-endian), then what the member waits for (`wire.encode`d) when it says BLOCKED. Not a
+# pickle: every cycle decodes one per peer, and unpickling costs a microsecond.
+_STATUS = struct.Struct("<BII")
+
+
+def encode_status(flags: int, ready: int, stale: int, waits: list[str]) -> bytes:
+    """One member's status message for this cycle (see `decode_status`)."""
+    ready_bytes = ready.to_bytes((ready.bit_length() + 7) // 8, "little")
+    stale_bytes = stale.to_bytes((stale.bit_length() + 7) // 8, "little")
+    status = _STATUS.pack(flags, len(ready_bytes), len(stale_bytes)) + ready_bytes + stale_bytes
+    return status + wire.encode(waits) if waits else status
+
+
+def decode_status(data: bytes) -> tuple[int, int, int, list[str]]:
+    """(flags, ready bits, stale bits, waits) from a peer's `encode_status`; WireError if malformed."""
+    try:
+        flags, ready_len, stale_len = _STATUS.unpack_from(data)
+    except struct.error:
+        raise wire.WireError(f"malformed status message ({len(data)} bytes)") from None
+    start = _STATUS.size + ready_len
+    end = start + stale_len
+    if end > len(data):
+        raise wire.WireError(f"malformed status message ({len(data)} bytes, bitsets of {ready_len} + {stale_len})")
+    ready = int.from_bytes(data[_STATUS.size:start], "little")
+    stale = int.from_bytes(data[start:end], "little")
+    waits = wire.decode(data[end:]) if end < len(data) else []
+    if not isinstance(waits, list) or not all(isinstance(name, str) for name in waits):
+        raise wire.WireError("malformed status message: its waits are not a list of names")
+    return flags, ready, stale, waits
 
 
 def agree(members: Sequence[int], replies: Sequence[tuple], num_bits: int) -> Agreement:
