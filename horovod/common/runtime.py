@@ -51,7 +51,7 @@ class Runtime:
 
     def submit(self, process_set: ProcessSet, entries: list[Entry]) -> None:
         process_set.require_registered()
-        if self.settings.topology.rank not in process_set.ranks:
+        if process_set.process_set_id and self.settings.topology.rank not in process_set.ranks:  # 0: every rank
             raise ValueError(
                 f"rank {self.settings.topology.rank} is not a member of {process_set}; only its members "
                 "may submit collectives on it"

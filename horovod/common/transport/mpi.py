@@ -227,7 +227,8 @@ class MpiTransport(Transport):
 
     # -- control plane ----------------------------------------------------------------------
     def _send_all(self, ranks: Sequence[int], payload: bytes) -> list[Any]:
-        return [self._control.Isend([payload, self._MPI.BYTE], dest=r, tag=_CONTROL_TAG) for r in ranks]
+        control, byte = self._control, self._MPI.BYTE  # positional arguments: mpi4py parses keywords slowly
+        return [control.Isend([payload, byte], r, _CONTROL_TAG) for r in ranks]
 
     def _recv(self, rank: int) -> bytes:
         """The next control message from `rank`; PeerFailure when it stays silent too long."""
