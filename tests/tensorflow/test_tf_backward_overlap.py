@@ -148,9 +148,13 @@ w2 = tf.Variable(np.ones((5, 2), "float32") * 0.2)
 failing = tf.Variable(False)
 
 def requested(rank):
-    """Tensor names whose request from `rank` rank 0's timeline records (every rank reads the file)."""
-    with open(TIMELINE) as f:
-        events = json.load(f)
+    """Tensor names whose request from `rank` rank 0's timeline records (every rank reads the file;
+    one that reads while rank 0 writes tries again later)."""
+    try:
+        with open(TIMELINE) as f:
+            events = json.load(f)
+    except (OSError, ValueError):
+        return set()
     names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
     return {names.get(e["pid"]) for e in events if e.get("ph") == "X" and e.get("name") == str(rank)}
 
