@@ -25,7 +25,9 @@ class _Distributed:
 
     _hvd_reducer: GradientReducer
 
-    def _hvd_setup(self, reducer: GradientReducer, sparse_as_dense: bool, passes: int, average: bool) -> None:
+    def hvd_setup(self, reducer: GradientReducer, sparse_as_dense: bool, passes: int, average: bool) -> None:
+        """Attach the reduction (the instance was made by `from_config` or restored by `load_model`,
+        so there is no constructor of ours to pass it to)."""
         self._hvd_reducer, self._hvd_sparse_as_dense = reducer, sparse_as_dense
         self._hvd_passes, self._hvd_average = passes, average
         self._hvd_reduced = False  # the gradients about to be applied were reduced (set while tracing)
@@ -117,7 +119,7 @@ def wrap(optimizer: Any, reducer: GradientReducer, sparse_as_dense: bool, passes
     if isinstance(optimizer, _Distributed):
         raise ValueError("the optimizer is already a DistributedOptimizer")
     distributed = _distributed_class(type(optimizer)).from_config(optimizer.get_config())
-    distributed._hvd_setup(reducer, sparse_as_dense, passes, average)
+    distributed.hvd_setup(reducer, sparse_as_dense, passes, average)
     return distributed
 
 
@@ -125,5 +127,5 @@ def make_distributed(optimizer: Any, reducer: GradientReducer) -> Any:
     """Turn `optimizer` (one `load_model` restored, state and all) into a distributed one, in place."""
     if not isinstance(optimizer, _Distributed):
         optimizer.__class__ = _distributed_class(type(optimizer))
-        optimizer._hvd_setup(reducer, False, 1, False)
+        optimizer.hvd_setup(reducer, False, 1, False)
     return optimizer

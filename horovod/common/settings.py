@@ -155,6 +155,9 @@ class Settings:
     # allreduce as soon as backward has produced it (tensorflow/backward_overlap.py). None (unset):
     # where a rank has two cores of its own or more, as the torch hooks decide.
     tf_overlap_backward: bool | None = None
+    # khorovod extension (HOROVOD_TORCH_OVERLAP_BACKWARD): DistributedOptimizer submits each bucket
+    # from its hook as soon as it is ready (1), or all at step() (0). None (unset): by cores_per_rank.
+    torch_overlap_backward: bool | None = None
     start_timeout: float = 30.0
     # Driver side: how long an elastic job may stay below --min-np (HOROVOD_ELASTIC_TIMEOUT), and how
     # long horovod.spark.run waits for its tasks to start (HOROVOD_SPARK_START_TIMEOUT).
@@ -218,6 +221,7 @@ class Settings:
             cpu_operations=(env.get("HOROVOD_CPU_OPERATIONS") or "auto").strip().lower(),
             cpu_binding=_flag(env, "HOROVOD_CPU_BINDING", True),
             tf_overlap_backward=tristate("HOROVOD_TF_OVERLAP_BACKWARD"),
+            torch_overlap_backward=tristate("HOROVOD_TORCH_OVERLAP_BACKWARD"),
             start_timeout=env_float(env, "HOROVOD_START_TIMEOUT", 30.0),
             elastic_timeout=env_float(env, "HOROVOD_ELASTIC_TIMEOUT", DEFAULT_ELASTIC_TIMEOUT),
             spark_start_timeout=env_float(env, "HOROVOD_SPARK_START_TIMEOUT", DEFAULT_SPARK_START_TIMEOUT),

@@ -30,7 +30,6 @@ before a gradient is seen; a session already submits without waiting (`_session_
 
 from __future__ import annotations
 
-import itertools
 import threading
 from functools import partial
 from typing import Callable, Sequence
@@ -41,11 +40,6 @@ import tensorflow as tf
 from horovod.common import runtime
 from horovod.common.cores import cores_per_rank
 from horovod.tensorflow._bridge import Job, in_function, per_job, refuse_xla, set_shapes
-
-# Submissions whose wait node has not run yet: token -> the function that waits for the outputs.
-_pending: dict[int, Callable[[], list[np.ndarray]]] = {}
-_tokens = itertools.count()
-_lock = threading.Lock()
 
 
 def enabled() -> bool:
@@ -63,23 +57,45 @@ def run_in_backward_order(jobs: Sequence[Job], label: str) -> list[list[tf.Tenso
     """`_bridge.run(jobs)` inside a `tf.function`, with one submit node per job (the last job's
     created first) and one wait node; `jobs` are in the order of the gradient list."""
     refuse_xla(label)
-    tokens = [tf.py_function(partial(_submit, job), job.inputs, Tout=tf.int64, name=f"{label}Submit")
-              for job in reversed(jobs)][::-1]
+    step = _Submissions(jobs)
+    tokens = [tf.py_function(partial(step.submit, k), jobs[k].inputs, Tout=tf.int64, name=f"{label}Submit")
+              for k in reversed(range(len(jobs)))][::-1]
     dtypes = [d for job in jobs for d in job.dtypes]
-    outputs = tf.py_function(_wait, tokens, Tout=dtypes, name=f"{label}Wait")
+    outputs = tf.py_function(step.wait, tokens, Tout=dtypes, name=f"{label}Wait")
     set_shapes(jobs, outputs)
     return per_job(jobs, outputs)
 
 
-def _submit(job: Job, *tensors: tf.Tensor) -> np.int64:
-    wait = job.start([np.asarray(t.numpy()) for t in tensors])
-    with _lock:
-        token = next(_tokens)
-        _pending[token] = wait
-    return np.int64(token)
+class _Submissions:
+    """The submissions of one traced step between its submit nodes and its wait node.
 
+    The graph owns this object (through its nodes), so nothing outlives the traced function. A
+    step that fails after some submit nodes ran (an error in the rest of backward) never runs its
+    wait node: its submissions stay here, one slot per job, and the next run of the step finds
+    its first slot taken. It then waits for those leftovers before submitting again (the engine
+    refuses a name still in flight) and drops their results. Where every rank failed at the same
+    node, every rank submitted them, so they finish; a failure on some ranks only leaves the
+    ranks out of step, as it would without overlap."""
 
-def _wait(*tokens: tf.Tensor) -> list[np.ndarray]:
-    with _lock:
-        waits = [_pending.pop(int(t.numpy())) for t in tokens]
-    return [out for wait in waits for out in wait()]
+    def __init__(self, jobs: Sequence[Job]) -> None:
+        self.jobs = list(jobs)
+        self.waits: list[Callable[[], list[np.ndarray]] | None] = [None] * len(self.jobs)
+        self.lock = threading.Lock()
+
+    def submit(self, k: int, *tensors: tf.Tensor) -> np.int64:
+        with self.lock:
+            stale = [w for w in self.waits if w is not None] if self.waits[k] is not None else []
+            if stale:
+                self.waits = [None] * len(self.jobs)
+        for wait in stale:  # a failed earlier run's results: nobody wants them
+            wait()
+        arrays = [np.asarray(t.numpy()) for t in tensors]
+        with self.lock:
+            self.waits[k] = self.jobs[k].start(arrays)
+        return np.int64(k)
+
+    def wait(self, *tokens: tf.Tensor) -> list[np.ndarray]:
+        with self.lock:
+            waits, self.waits = self.waits, [None] * len(self.jobs)
+        # The node takes every token, so every slot is filled by now.
+        return [out for wait in waits for out in wait()]  # type: ignore[misc]

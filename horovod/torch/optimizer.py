@@ -20,6 +20,8 @@ from backward, and each allreduce then needs the peer's engine thread to get its
 same moment, so it waits on the scheduler. There the hooks only mark the gradients ready and
 `synchronize()` submits them all at once from the thread that then drives the reduction itself
 (measured in docs/performance.md). The sums are the same; only when they run changes.
+`HOROVOD_TORCH_OVERLAP_BACKWARD` overrides that rule (`Settings.torch_overlap_backward`, a
+khorovod extension): `1` submits every bucket from its hook whatever the cores, `0` never does.
 
 Gradient accumulation (`backward_passes_per_step=k`): the allreduce of a parameter starts on
 its k-th backward pass. If `step()` or `synchronize()` comes earlier, e.g. on the last, shorter
@@ -85,8 +87,9 @@ class _DistributedOptimizer:
         self._synchronized = False
         self._should_synchronize = True
         process_set = reducer.process_set
-        self._active = bool(process_set.included()) and (basics.size() > 1 or Settings.from_env().elastic)
-        self._overlap = cores_per_rank(basics.local_size()) >= 2  # see the module docstring
+        settings = Settings.from_env()
+        self._active = bool(process_set.included()) and (basics.size() > 1 or settings.elastic)
+        self._overlap = _overlaps(settings)  # see the module docstring
         if self._active:
             self._register_hooks(params)
 
@@ -260,6 +263,13 @@ class _DistributedOptimizer:
             self._passes_left[p] = self._backward_passes_per_step
         if self._active:
             self._register_hooks(new)
+
+
+def _overlaps(settings: Settings) -> bool:
+    """Whether the hooks submit each bucket as it becomes ready (else all at synchronize())."""
+    if settings.torch_overlap_backward is not None:
+        return settings.torch_overlap_backward
+    return cores_per_rank(basics.local_size()) >= 2
 
 
 def _remove_hooks(handles: list[Any]) -> None:

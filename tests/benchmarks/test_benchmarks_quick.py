@@ -82,6 +82,20 @@ def test_torch_training_benchmark_runs_both_and_ends_identical():
     assert "largest weight difference after training: 0.00e+00" in proc.stdout
 
 
+def test_autotune_training_benchmark_reports_every_configuration():
+    # benchmarks/autotune_training.py, shortened: one job per configuration and an autotune job
+    # whose tuner finishes before the timed steps (docs/performance.md).
+    pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    script = str(REPO / "benchmarks" / "autotune_training.py")
+    proc = subprocess.run([sys.executable, script, "--layers", "4", "--measure", "3", "--bayes-samples", "1"],
+                          capture_output=True, text=True, timeout=240, env=child_env(), cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = re.findall(r"^\| (.+?) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+x \|$", proc.stdout, re.M)
+    assert len(rows) == 7 and rows[0].startswith("bad") and rows[-1] == "autotune", proc.stdout
+    assert "finished: True" in proc.stdout and "it scored" in proc.stdout
+
+
 def test_fresh_jobs_alternates_variants_and_reports_each():
     # benchmarks/fresh_jobs.py, shortened: one job per variant, as in docs/performance.md.
     script = str(REPO / "benchmarks" / "fresh_jobs.py")

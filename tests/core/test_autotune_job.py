@@ -69,3 +69,42 @@ def test_without_autotune_the_knobs_stay_put():
     result = hvdrun(JOB.replace("tuning() and step < 400", "step < 5"), np=2,
                     env={"HOROVOD_FUSION_THRESHOLD": "1048576"}).check()
     assert {tuple(s) for s in result.ranks[0]["seen"]} == {(1048576, 1.0, True)}
+
+
+CACHE_BACK_ON = r'''
+import numpy as np
+import horovod.numpy as hvd
+from horovod.common import basics
+
+hvd.init()
+r = hvd.rank()
+cycle = basics.runtime().engine.cycle
+x = np.ones(4, np.float32)
+cache_on, right = [], True
+for step in range(14):
+    # Rank 1 submits "x" before the two "y", rank 0 after them. A sample closes when some tensor
+    # was reduced twice: always on the second "y", so every knob changes while rank 1's "x" is
+    # negotiated and rank 0's is not submitted yet.
+    if r == 1:
+        handle = hvd.allreduce_async(x, name="x", op=hvd.Sum)
+    for _ in range(2):
+        right &= hvd.allreduce(x, name="y", op=hvd.Sum).tolist() == [2.0] * 4
+    if r == 0:
+        handle = hvd.allreduce_async(x, name="x", op=hvd.Sum)
+    right &= hvd.synchronize(handle).tolist() == [2.0] * 4
+    cache_on.append(cycle.tunables.cache_enabled)
+report(cache_on=cache_on, right=right, done=cycle.autotuner is None)
+'''
+
+
+def test_cache_switched_back_on_mid_negotiation_does_not_hang():
+    # Only the cache is tuned (the other knobs are pinned): on during the warm-up sample, off for
+    # five samples, on for five. With the stall check off nothing would end a hang but the timeout.
+    flags = ["--autotune", "--autotune-warmup-samples", "1", "--autotune-steps-per-sample", "2",
+             "--fusion-threshold-mb", "1", "--cycle-time-ms", "2"]
+    result = hvdrun(CACHE_BACK_ON, np=2, args=flags, env={"HOROVOD_STALL_CHECK_DISABLE": "1"}, timeout=120).check()
+    for rank in (0, 1):
+        got = result.ranks[rank]
+        assert got["right"] and got["done"]
+        switched_on = [i for i in range(1, 14) if got["cache_on"][i] and not got["cache_on"][i - 1]]
+        assert switched_on, got["cache_on"]  # the cache did go from off back to on

@@ -3,6 +3,7 @@ on 2 real ranks: overlapped (HOROVOD_TF_OVERLAP_BACKWARD=1; unset, this 2-core m
 overlap) the reduced results are bit for bit those of one node per step (=0), and the late layers'
 allreduces reach the engine before backward has reached the first layer."""
 
+import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow")
@@ -130,3 +131,94 @@ def test_overlapped_gradients_are_identical_and_submitted_during_backward(tmp_pa
         assert ok(got["identical"]) == [True, True]
         assert ok(got["nodes"]) == [5, 1]
     assert ok(results(run, 0)["late_submits_seen"]) == [True]
+
+
+FAILED_STEP = r'''
+import json
+import time
+import horovod.tensorflow as hvd
+
+hvd.init()
+r = hvd.rank()
+TIMELINE = os.environ["HOROVOD_TIMELINE"]
+rng = np.random.default_rng(r)
+X, Y = rng.normal(size=(4, 3)).astype("float32"), rng.normal(size=(4, 2)).astype("float32")
+w1 = tf.Variable(np.ones((3, 5), "float32") * 0.1)
+w2 = tf.Variable(np.ones((5, 2), "float32") * 0.2)
+failing = tf.Variable(False)
+
+def requested(rank):
+    """Tensor names whose request from `rank` rank 0's timeline records (every rank reads the file;
+    one that reads while rank 0 writes tries again later)."""
+    try:
+        with open(TIMELINE) as f:
+            events = json.load(f)
+    except (OSError, ValueError):
+        return set()
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    return {names.get(e["pid"]) for e in events if e.get("ph") == "X" and e.get("name") == str(rank)}
+
+def late_start(x, fail):
+    # Rank 1 starts the failing step late, so rank 0 is back with its next step while the
+    # allreduce it submitted in the failing one still waits for rank 1.
+    if fail and r == 1:
+        time.sleep(1)
+    return x
+
+def first_layer_backward(dy, fail):
+    """Fail (on purpose) once this rank's request for w2's gradient, which backward produced
+    first, has reached the coordinator: the step dies between its submit nodes and its wait node."""
+    if fail:
+        deadline = time.monotonic() + 60
+        while not any(name and "1of2" in name for name in requested(r)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        raise ValueError("injected failure in backward")
+    return dy
+
+@tf.custom_gradient
+def guarded(h):
+    return tf.identity(h), lambda dy: tf.numpy_function(first_layer_backward, [dy, failing], dy.dtype, stateful=False)
+
+@tf.function
+def step(x, y):
+    x = tf.numpy_function(late_start, [x, failing], x.dtype, stateful=False)
+    x.set_shape((4, 3))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean((tf.tanh(guarded(x @ w1)) @ w2 - y) ** 2)
+    tape = hvd.DistributedGradientTape(tape)
+    return tape.gradient(loss, [w1, w2])
+
+failing.assign(True)
+try:
+    step(X, Y)
+    failed = "no error"
+except tf.errors.OpError as exc:
+    failed = "injected failure" in str(exc)
+failing.assign(False)
+
+@check("good_step")
+def _():
+    return [g.numpy() for g in step(X, Y)]
+
+@check("failed")
+def _():
+    return failed
+
+@check("local")
+def _():
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean((tf.tanh(X @ w1) @ w2 - Y) ** 2)
+    return [g.numpy() for g in tape.gradient(loss, [w1, w2])]
+'''
+
+
+def test_a_step_failed_mid_backward_leaves_the_next_step_working(tmp_path):
+    timeline = tmp_path / "timeline.json"
+    run = run_tf(FAILED_STEP, env={"HOROVOD_TIMELINE": str(timeline), "HOROVOD_TF_OVERLAP_BACKWARD": "1"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    got = [results(run, rank) for rank in (0, 1)]
+    for rank in (0, 1):
+        assert ok(got[rank]["failed"]) is True
+        # the good step's gradients are the average of both ranks' own gradients
+        for reduced, a, b in zip(ok(got[rank]["good_step"]), ok(got[0]["local"]), ok(got[1]["local"])):
+            np.testing.assert_allclose(reduced, (np.asarray(a) + np.asarray(b)) / 2, rtol=1e-6, atol=1e-7)

@@ -282,3 +282,74 @@ def test_broadcast_parameters_and_optimizer_state():
         assert got["adam_state_size"] == 6 and got["empty_state_size"] == 0
     for kind in ("adam", "sgd", "lbfgs", "empty"):
         assert result.ranks[0][f"{kind}_root_untouched"], kind
+
+
+OVERLAP_SETTING = r'''
+import json
+import os
+import time
+import torch
+import horovod.torch as hvd
+
+torch.set_num_threads(1)
+hvd.init()
+TIMELINE = os.environ["HOROVOD_TIMELINE"]
+
+def requested_by_rank0():
+    """Tensor names whose request from rank 0 the timeline records (rank 0 writes it; an `X`
+    event named "0" marks rank 0's request arriving at the coordinator)."""
+    with open(TIMELINE) as f:
+        events = json.load(f)  # the file stays valid JSON between writes
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    return {names.get(e["pid"]) for e in events if e.get("ph") == "X" and e.get("name") == "0"}
+
+def train(setting):
+    """Three steps with HOROVOD_TORCH_OVERLAP_BACKWARD=setting; (final parameters, whether the last
+    layer's allreduce reached the engine while backward was held before the first layer)."""
+    os.environ["HOROVOD_TORCH_OVERLAP_BACKWARD"] = setting
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 8), torch.nn.Tanh(),
+                                torch.nn.Linear(8, 3)).double()
+    # Each run's own names, so that the timeline tells the two apart.
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=[(f"run{setting}.{n}", p) for n, p in model.named_parameters()])
+    late = {f"allreduce.run{setting}.4.weight", f"allreduce.run{setting}.4.bias"}  # backward's first
+    seen = []
+
+    def first_layer_reached(grad):
+        # Backward of the first layer's output: the last layer's gradient is complete by now, and
+        # the first layer's cannot be until this returns. With overlap its allreduce was submitted
+        # from the hook, so rank 0's request shows up (bounded wait); without, nothing was submitted.
+        if hvd.rank() == 0 and not seen:
+            deadline = time.monotonic() + (60 if setting == "1" else 0)
+            while not late <= requested_by_rank0() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            seen.append(late <= requested_by_rank0())
+        return grad
+
+    torch.manual_seed(1 + hvd.rank())
+    for _ in range(3):
+        x, y = torch.randn(6, 4, dtype=torch.float64), torch.randn(6, 3, dtype=torch.float64)
+        opt.zero_grad()
+        hidden = model[0](x)
+        hidden.register_hook(first_layer_reached)
+        ((model[1:](hidden) - y) ** 2).mean().backward()
+        opt.step()
+    return [p.detach().reshape(-1) for p in model.parameters()], seen[:1]
+
+on, seen_on = train("1")
+off, seen_off = train("0")
+report(identical=all(torch.equal(a, b) for a, b in zip(on, off)), seen_on=seen_on, seen_off=seen_off)
+'''
+
+
+def test_overlap_setting_submits_during_backward_with_the_same_results(tmp_path):
+    # This 2-core machine would not overlap 2 ranks by itself: =1 forces it, =0 forbids it.
+    timeline = tmp_path / "timeline.json"
+    result = hvdrun(OVERLAP_SETTING, np=2, env={"HOROVOD_TIMELINE": str(timeline)}, timeout=120).check()
+    for rank in (0, 1):
+        assert result.ranks[rank]["identical"] is True, rank
+    got = result.ranks[0]
+    assert got["seen_on"] == [True]  # =1: submitted from the hook, while backward still ran
+    assert got["seen_off"] == [False]  # =0: nothing reached the engine before step()
+    # (and "identical" shows that =0 still reduced every gradient, at step())

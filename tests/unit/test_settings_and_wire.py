@@ -34,6 +34,8 @@ def test_values_are_read_and_validated():
     # unset: the TensorFlow adapter decides by the cores a rank has (tensorflow/backward_overlap.py)
     assert [Settings.from_env(env).tf_overlap_backward for env in
             ({}, {"HOROVOD_TF_OVERLAP_BACKWARD": "1"}, {"HOROVOD_TF_OVERLAP_BACKWARD": "0"})] == [None, True, False]
+    assert [Settings.from_env(env).torch_overlap_backward for env in
+            ({}, {"HOROVOD_TORCH_OVERLAP_BACKWARD": "1"}, {"HOROVOD_TORCH_OVERLAP_BACKWARD": "0"})] == [None, True, False]
 
 
 def _pair(key_a: bytes, key_b: bytes):

@@ -198,8 +198,16 @@ class Cycle:
         else:
             tuner.reset_sample()
         data = self.transport.bcast_bytes(self.sets[0].members, payload, 0)
+        was_caching = self.tunables.cache_enabled
         self.tunables = Tunables.from_wire(data[1:])
         self.tunables.apply_to(self.transport)
+        if self.tunables.cache_enabled and not was_caching:
+            # While the cache was off, a rank may have sent a tensor to the coordinator that another
+            # rank has not submitted yet; found in the cache, the latter would offer it as a hit,
+            # which the former never will, and both would wait until the stall limit. Starting from
+            # an empty cache, every tensor goes through the coordinator once more.
+            for state in self.sets.values():
+                state.cache.clear()
         if data[:1] == b"0":
             self.autotuner = None
 

@@ -87,3 +87,10 @@ class ResponseCache:
         if name is not None:
             del self._entries[name]
             self._free_bits.append(bit)
+
+    def clear(self) -> None:
+        """Forget every entry and bit, as a new cache; every member must do it in the same cycle."""
+        self._entries.clear()
+        self._by_bit.clear()
+        self._free_bits.clear()
+        self._next_bit = 0

@@ -170,13 +170,13 @@ class HorovodModel(Model, ModelParams, MLWritable, MLReadable):
         """Defined by each concrete class."""
 
     @abc.abstractmethod
-    def _model_bytes(self) -> bytes:
-        """Defined by each concrete class."""
+    def model_bytes(self) -> bytes:
+        """The framework's own serialisation of the trained model (what `save` writes as model.bin)."""
 
     @classmethod
     @abc.abstractmethod
-    def _model_from_bytes(cls, data: bytes) -> Any:
-        """Defined by each concrete class."""
+    def from_model_bytes(cls, data: bytes) -> Any:
+        """The framework's model back from `model_bytes` (what `load` reads from model.bin)."""
 
     def write(self) -> MLWriter:
         return _ModelWriter(self)
@@ -201,7 +201,7 @@ class _ModelWriter(MLWriter):
         with fs.open(posixpath.join(root, "metadata.json"), "w") as f:
             json.dump(metadata, f)
         with fs.open(posixpath.join(root, "model.bin"), "wb") as f:
-            f.write(self.instance._model_bytes())
+            f.write(self.instance.model_bytes())
 
 
 class _ModelReader(MLReader):
@@ -217,7 +217,7 @@ class _ModelReader(MLReader):
         if metadata.get("class") != expected:
             raise ValueError(f"{path} holds a {metadata.get('class')}, not a {expected}")
         with fs.open(posixpath.join(root, "model.bin"), "rb") as f:
-            model = self.cls._model_from_bytes(f.read())
+            model = self.cls.from_model_bytes(f.read())
         params = metadata["params"]
         if params.get("_metadata"):
             params["_metadata"]["output_shapes"] = [tuple(s) for s in params["_metadata"]["output_shapes"]]

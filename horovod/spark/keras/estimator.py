@@ -148,9 +148,9 @@ class KerasModel(HorovodModel):
 
         return predict
 
-    def _model_bytes(self) -> bytes:
+    def model_bytes(self) -> bytes:
         return model_to_bytes(self.getOrDefault("model"))
 
     @classmethod
-    def _model_from_bytes(cls, data: bytes) -> Any:
+    def from_model_bytes(cls, data: bytes) -> Any:
         return model_from_bytes(data)

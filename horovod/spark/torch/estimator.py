@@ -216,9 +216,9 @@ class TorchModel(HorovodModel):
 
         return predict
 
-    def _model_bytes(self) -> bytes:
+    def model_bytes(self) -> bytes:
         return cloudpickle.dumps(self.getOrDefault("model"))
 
     @classmethod
-    def _model_from_bytes(cls, data: bytes) -> Any:
+    def from_model_bytes(cls, data: bytes) -> Any:
         return cloudpickle.loads(data)
