@@ -5,7 +5,8 @@ of the cached tensors it has ready (bit i is the response cache's entry i, the s
 rank), and a bitset of cache entries it found stale (same name, other parameters). Every member
 then takes the same decision from the same messages, here, with no coordinator trip: the AND of
 the ready bits runs at once, a stale bit is erased everywhere and renegotiated, and the slow path
-runs only if some member asks for it. A pure function, so every case is unit-tested without ranks.
+runs only if some member asks for it. A pure function, so every case is unit-tested without ranks;
+the message's compact wire form (`encode_status`, `decode_status`) lives here too.
 """
 
 from __future__ import annotations
