@@ -148,9 +148,13 @@ class DeathWatch:
             first, how = rank, seen  # a network fault we saw ourselves beats what another rank said
         else:
             teller = self._tellers.get(first, rank)
-            how = (self._kernel_reason(first) or self._told.get(first)
-                   or (CLOSED_BY_PEER if self._hung_up(first) else
-                       f"failed, according to rank {teller}, which stopped because of it"))
+            how = self._kernel_reason(first) or self._told.get(first) or ""
+            if not how:
+                closed = self._hung_up(first)
+                # Asked again: a cut we had not noticed yet (the other rank's own limit ran out a
+                # moment before ours) shows as an error event during that wait, not a hang-up.
+                how = self._kernel_reason(first) or (
+                    CLOSED_BY_PEER if closed else f"failed, according to rank {teller}, which stopped because of it")
         if self.reported is None:
             self.reported, self._reported_reason = first, how
         return PeerFailure(first, how, self.hosts.get(first))
