@@ -30,6 +30,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 CONFIGS: dict[str, dict[str, str]] = {
     "bad: 64 KiB, 90 ms": {"HOROVOD_FUSION_THRESHOLD": str(64 * 1024), "HOROVOD_CYCLE_TIME": "90"},
@@ -127,7 +131,8 @@ def job(env: dict[str, str], args: argparse.Namespace, autotune: bool) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--np", type=int, default=2)
-    parser.add_argument("--hosts", help="horovodrun -H, e.g. localhost:1,127.0.0.1:1 (two host names: TCP between them)")
+    parser.add_argument("--hosts",
+                        help="horovodrun -H, e.g. localhost:1,127.0.0.1:1 (two host names: TCP between them)")
     parser.add_argument("--layers", type=int, default=40, help="Linear layers of the MLP")
     parser.add_argument("--width", type=int, default=128, help="their width")
     parser.add_argument("--measure", type=int, default=60, help="steps timed per job")

@@ -1,7 +1,7 @@
 """What ranks tell the coordinator (Request) and what it decides (Response).
 
-Both are plain records (a named tuple and a dataclass) that travel as tuples (see `wire.encode`), so a message can only
-ever decode into these fields.
+Both are plain records (a named tuple and a dataclass) that travel as tuples (see
+`wire.encode`), so a message can only ever decode into these fields.
 """
 
 from __future__ import annotations
