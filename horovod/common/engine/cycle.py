@@ -20,7 +20,7 @@ from horovod.common.engine.fusion import plan_fusion
 from horovod.common.engine.handles import Entry
 from horovod.common.engine.messages import CACHEABLE, OpType, Request, Response
 from horovod.common.engine.readiness import (BLOCKED, FAILED, FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree,
-                                              decode_status, encode_status)
+                                              bits, decode_status, encode_status)
 from horovod.common.engine.state import SetState, ShutdownState
 from horovod.common.engine.tunables import Tunables
 from horovod.common.exceptions import HorovodInternalError
@@ -30,6 +30,9 @@ from horovod.common.transport.base import Transport
 
 if TYPE_CHECKING:
     from horovod.common.timeline import Timeline
+
+# Flagless status messages kept encoded, by ready bits: a training step's cycles repeat a few.
+_PLAIN_STATUSES_KEPT = 256
 
 
 class Cycle:
@@ -52,6 +55,7 @@ class Cycle:
         # Stalled cache hits go to the coordinator after this long (None: stall checks are off).
         self._stall_limit = None if settings.stall_check_disable else settings.stall_check_time_seconds
         self.last_start = 0.0
+        self._plain_statuses: dict[int, bytes] = {}  # see _PLAIN_STATUSES_KEPT
         self.executing: list[Entry | None] = []  # failed too if the engine dies mid-operation
         # The knobs in force (autotune changes them at a cycle's end, on every rank at once).
         self.tunables = Tunables.from_settings(settings)
@@ -122,11 +126,25 @@ class Cycle:
                  | (JOINED if state.joined else 0) | (FORCE_SLOW if force else 0) | (BLOCKED if waits else 0))
         members = state.members
         message = (flags, hits, invalid, waits)
-        payload = encode_status(*message)
-        # Our own payload comes back as the very object sent (where the transport does so): its
-        # message is at hand, not decoded again.
-        replies = [message if p is payload else decode_status(p) for p in self.transport.exchange(members, payload)]
-        ready, stale, slow_path, shut_down = agree(members, replies, cache.num_bits)
+        if flags:
+            payload = encode_status(*message)
+        else:  # the steady state: only ready bits (a flagless status has no stale bits, no waits)
+            payload = self._plain_statuses.get(hits)
+            if payload is None:
+                if len(self._plain_statuses) >= _PLAIN_STATUSES_KEPT:
+                    self._plain_statuses.clear()
+                payload = self._plain_statuses[hits] = encode_status(*message)
+        received = self.transport.exchange(members, payload)
+        replies: list[tuple] = []
+        if not flags and all(p == payload for p in received):
+            # Every member sent our flagless status: what `agree` would decide from it, without
+            # decoding one message per peer (the steady state of training, every cycle).
+            ready, stale, slow_path, shut_down = bits(hits), [], False, []
+        else:
+            # Our own payload comes back as the very object sent (where the transport does so):
+            # its message is at hand, not decoded again.
+            replies = [message if p is payload else decode_status(p) for p in received]
+            ready, stale, slow_path, shut_down = agree(members, replies, cache.num_bits)
         if shut_down:
             self.shutdown.ranks.update(shut_down)
             self.shutdown.failed.update(m for m, reply in zip(members, replies) if reply[0] & FAILED)
@@ -165,7 +183,7 @@ class Cycle:
             return fatal
         # Deadlock: every member is stuck and no op is awaited by all of them (one that is, every
         # member has submitted, so it will run: negotiation is merely slow, e.g. a loaded machine).
-        if (not responses and all(reply[0] & BLOCKED for reply in replies)
+        if (not responses and replies and all(reply[0] & BLOCKED for reply in replies)
                 and not set.intersection(*(set(reply[3]) for reply in replies))):
             self._fail_deadlock(state, {m: reply[3] for m, reply in zip(members, replies)})
             return ""
