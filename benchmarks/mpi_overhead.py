@@ -35,9 +35,12 @@ from horovod.common.engine.driver import Driver
 from horovod.common.engine.executor import Executor
 from horovod.common.transport.mpi import MpiTransport
 
-# The parts timed back to back, outermost last: (label, class, method).
+# The parts timed back to back, outermost last: (label, class, method). A cycle is either a full
+# one (`Cycle.run`, driven by a waiting thread) or the steady state's lone one (`Cycle.run_lone`,
+# driven at submission); both count under one label.
 PARTS = (("negotiation exchange", MpiTransport, "exchange"), ("MPI Allreduce", MpiTransport, "allreduce"),
-         ("executor", Executor, "execute"), ("cycle", Cycle, "run"), ("driver", Driver, "drive_until"))
+         ("executor", Executor, "execute"), ("cycle", Cycle, "run"), ("cycle", Cycle, "run_lone"),
+         ("driver", Driver, "drive_until"), ("driver", Driver, "drive_lone"))
 
 
 def timed(cls: type, method: str, label: str, spent: collections.Counter, cycles: collections.Counter) -> None:
@@ -100,7 +103,7 @@ def back_to_back(comm: Any, nbytes: int, iters: int, spent: collections.Counter,
         start = time.perf_counter()
         hvd.allreduce_(tensor, op=hvd.Sum, name=f"b2b.{nbytes}")
         times.append(time.perf_counter() - start)
-    per_op = {label: spent[label] / iters / 1e3 for label, _, _ in PARTS}
+    per_op = {label: spent[label] / iters / 1e3 for label in dict.fromkeys(label for label, _, _ in PARTS)}
     return slowest_median(comm, times), per_op, comm.allgather(dict(cycles))
 
 

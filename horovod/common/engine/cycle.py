@@ -124,17 +124,68 @@ class Cycle:
         flags = (((SHUTDOWN | (FAILED if self.shutdown.failing else 0)) if leaving else 0)
                  | (HAS_UNCACHED if (misses or join_request) else 0)
                  | (JOINED if state.joined else 0) | (FORCE_SLOW if force else 0) | (BLOCKED if waits else 0))
-        members = state.members
         message = (flags, hits, invalid, waits)
-        if flags:
-            payload = encode_status(*message)
-        else:  # the steady state: only ready bits (a flagless status has no stale bits, no waits)
-            payload = self._plain_statuses.get(hits)
-            if payload is None:
-                if len(self._plain_statuses) >= _PLAIN_STATUSES_KEPT:
-                    self._plain_statuses.clear()
-                payload = self._plain_statuses[hits] = encode_status(*message)
-        received = self.transport.exchange(members, payload)
+        payload = self._payload(message)
+        received = self.transport.exchange(state.members, payload)
+        return self._conclude(state, message, payload, received, misses, hit_bits, join_request)
+
+    def lone_hit(self, state: SetState) -> int | None:
+        """The cache bit of the op just submitted when this cycle is a training loop's steady
+        state, which `run_lone` runs with the least work: the set is the only one (the driver
+        checks), its only work is that op, found in the cache, and nothing is flagged. None
+        when it is not: run a full cycle."""
+        if (self.forced or self.autotuner is not None or self.shutdown.requested or state.joined
+                or state.unsent or state.waiting or len(state.new) != 1
+                or (self.timeline is not None and self.timeline.active)):
+            return None
+        request = state.new[0].request
+        cache = state.cache
+        if not (cache.enabled and self.tunables.cache_enabled and request.op_type in CACHEABLE):
+            return None
+        status, bit = cache.lookup(request)
+        if status != "hit" or (self._stall_limit is not None and self.blocked.waits(state.set_id, time.monotonic())):
+            return None
+        return bit
+
+    def run_lone(self, state: SetState, bit: int) -> None:
+        """The cycle `lone_hit` found, for the op with cache bit `bit`: the messages of `run`, so
+        peers cannot tell, and what the replies decide is `run`'s own code."""
+        with state.lock:
+            if len(state.new) != 1:  # another thread submitted meanwhile: not a lone cycle after all
+                return
+            (entry,), state.new = state.new, []
+        now = self.last_start = time.monotonic()
+        name = entry.request.name
+        state.unsent[name] = (entry, now)
+        message = (0, 1 << bit, 0, [])
+        payload = self._payload(message)
+        fatal = self._conclude(state, message, payload, self.transport.exchange(state.members, payload), [],
+                               {name: bit}, None)
+        if fatal:
+            self._on_fatal(fatal)
+
+    def _payload(self, message: tuple[int, int, int, list[str]]) -> bytes:
+        """The status message on the wire; a flagless one (the steady state: only ready bits, no
+        stale bits, no waits) is encoded once per set of ready bits."""
+        if message[0]:
+            return encode_status(*message)
+        hits = message[1]
+        payload = self._plain_statuses.get(hits)
+        if payload is None:
+            if len(self._plain_statuses) >= _PLAIN_STATUSES_KEPT:
+                self._plain_statuses.clear()
+            payload = self._plain_statuses[hits] = encode_status(*message)
+        return payload
+
+    def _conclude(self, state: SetState, message: tuple[int, int, int, list[str]], payload: bytes,
+                  received: list[bytes], misses: list[Entry], hit_bits: dict[str, int],
+                  join_request: Request | None) -> str:
+        """Decide from every member's status what the set runs this cycle, and run it; returns a
+        fatal error message ('' when all is well). `hit_bits` are this rank's cache hits by name
+        (their entries wait in `state.unsent`), `misses` its entries for the coordinator."""
+        flags, hits = message[0], message[1]
+        members = state.members
+        cache = state.cache
         replies: list[tuple] = []
         if not flags and all(p == payload for p in received):
             # Every member sent our flagless status: what `agree` would decide from it, without

@@ -13,7 +13,7 @@ import os
 import select
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from horovod.common.engine.blocking import BlockedWaits
 from horovod.common.engine.coordinator import stall_message
@@ -131,18 +131,41 @@ class Driver:
         # submit, on this rank or another.
         if not self._drive.acquire(blocking=False):
             return
+        if self._finished or handle.poll():
+            self._drive.release()
+            return
         try:
-            if self._finished or handle.poll():
-                return
             self.transport.set_caller_driving(True)
-            try:
-                self._guarded(self._drive_loop, handle)
-            finally:
-                peer_waiting = self.transport.set_caller_driving(False)
+            self._guarded(self._drive_loop, handle)
+        finally:
+            self._hand_back()
+
+    def drive_lone(self, state: SetState) -> bool:
+        """Run the cycle of an op just submitted, on its caller's thread, when the op is this
+        rank's only work and the steady state's (`Cycle.lone_hit`): before its caller even
+        waits, without the wait's machinery. True when the cycle ran (the op is done, or left
+        pending like any other); False when it did not, and nothing was sent."""
+        if self._finished or len(self.sets) != 1 or not self._drive.acquire(blocking=False):
+            return False
+        bit = self.cycle.lone_hit(state)
+        if bit is None:
+            self._drive.release()
+            return False
+        try:
+            self.transport.set_caller_driving(True)
+            self._guarded(self.cycle.run_lone, state, bit)
+        finally:
+            self._hand_back()
+        return True
+
+    def _hand_back(self) -> None:
+        """A caller stops driving: the engine thread takes over what is left, if anything is."""
+        try:
+            peer_waiting = self.transport.set_caller_driving(False)
         finally:
             self._drive.release()
         if peer_waiting or self._finished or self._has_new_work():
-            self._wake()  # the engine thread takes over what is left
+            self._wake()
 
     def _drive_loop(self, handle: Handle) -> None:
         while not handle.poll() and not self._finished:
@@ -166,10 +189,11 @@ class Driver:
             for fd in (self._wake_r, self._wake_w, self._driver_wake_r, self._driver_wake_w):
                 os.close(fd)
 
-    def _guarded(self, work: Callable[..., None], *args: object) -> None:
-        """Run engine work; a failure fails every pending op with its cause and ends the engine."""
+    def _guarded(self, work: Callable[..., Any], *args: object) -> Any:
+        """Run engine work, returning its result; a failure fails every pending op with its cause
+        and ends the engine (and returns None)."""
         try:
-            work(*args)
+            return work(*args)
         except PeerFailure as exc:
             self._dead_peer = exc.rank
             if exc.rank in self.shutdown.failed:  # it said so before its connection closed

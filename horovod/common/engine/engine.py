@@ -98,7 +98,10 @@ class Engine(Driver):
                 entry.handle.set_id = set_id
             state.new.extend(entries)
         self.blocked.last_submit = time.monotonic()
-        if not self._submitter.will_wait:
+        if self._submitter.will_wait:
+            if self.drive_lone(state):
+                return
+        else:
             self._wake()
         if self._drive.locked():  # a caller driving the engine may be asleep waiting for peers
             self._wake(driver=True)
