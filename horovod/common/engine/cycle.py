@@ -31,6 +31,7 @@ from horovod.common.transport.base import Transport
 if TYPE_CHECKING:
     from horovod.common.timeline import Timeline
 
+_SET_CHANGES = frozenset((OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET))
 # Flagless status messages kept encoded, by ready bits: a training step's cycles repeat a few.
 _PLAIN_STATUSES_KEPT = 256
 
@@ -134,8 +135,8 @@ class Cycle:
         state, which `run_lone` runs with the least work: the set is the only one (the driver
         checks), its only work is that op, found in the cache, and nothing is flagged. None
         when it is not: run a full cycle."""
-        if (self.forced or self.autotuner is not None or self.shutdown.requested or state.joined
-                or state.unsent or state.waiting or len(state.new) != 1
+        if (self.forced or self.autotuner is not None or self.shutdown.requested or self.shutdown.ranks
+                or state.joined or state.unsent or state.waiting or len(state.new) != 1
                 or (self.timeline is not None and self.timeline.active)):
             return None
         request = state.new[0].request
@@ -156,11 +157,18 @@ class Cycle:
             (entry,), state.new = state.new, []
         now = self.last_start = time.monotonic()
         name = entry.request.name
-        state.unsent[name] = (entry, now)
+        state.unsent[name] = (entry, now)  # pending where a failure of the exchange finds it
         message = (0, 1 << bit, 0, [])
         payload = self._payload(message)
-        fatal = self._conclude(state, message, payload, self.transport.exchange(state.members, payload), [],
-                               {name: bit}, None)
+        received = self.transport.exchange(state.members, payload)
+        if received.count(payload) == len(received):
+            # Every member has this op, and only it, ready (what `_conclude` would find, as
+            # nobody has left: `lone_hit`): run it.
+            del state.unsent[name]
+            state.waiting[name] = entry
+            self._execute(state, state.cache.response_for_bit(bit))
+            return
+        fatal = self._conclude(state, message, payload, received, [], {name: bit}, None)
         if fatal:
             self._on_fatal(fatal)
 
@@ -187,7 +195,7 @@ class Cycle:
         members = state.members
         cache = state.cache
         replies: list[tuple] = []
-        if not flags and all(p == payload for p in received):
+        if not flags and received.count(payload) == len(received):
             # Every member sent our flagless status: what `agree` would decide from it, without
             # decoding one message per peer (the steady state of training, every cycle).
             ready, stale, slow_path, shut_down = bits(hits), [], False, []
@@ -309,7 +317,7 @@ class Cycle:
             state.names.difference_update(response.names)
         if response.op_type == OpType.JOIN:
             state.joined = False
-        elif response.op_type in (OpType.ADD_PROCESS_SET, OpType.REMOVE_PROCESS_SET):
+        elif response.op_type in _SET_CHANGES:
             self._change_sets(response, entries)
             return
         self.executing = entries

@@ -83,7 +83,8 @@ class Transport(ABC):
         each piece while it is still in cache, right after reducing it, overrides this: it saves a
         pass over the whole buffer (Average's 1/n on every gradient). The bits are the same."""
         self.allreduce(group, buf, op)
-        scale_in_place(buf, postscale)
+        if postscale != 1.0:  # Sum, on every op: not even a call
+            scale_in_place(buf, postscale)
 
     @abstractmethod
     def allgatherv(self, group: Sequence[int], send: np.ndarray, recv: np.ndarray,

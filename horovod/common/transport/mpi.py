@@ -184,7 +184,7 @@ class MpiTransport(Transport):
         comm = self._comm(group)
         mpi_op = self._op(buf.dtype, op)
         if mpi_op is not None:
-            comm.Allreduce(self._MPI.IN_PLACE, buf, op=mpi_op)
+            comm.Allreduce(self._MPI.IN_PLACE, buf, mpi_op)  # positional: mpi4py parses keywords slowly
             return
         everyone = self._gather_all(comm, buf)
         self._reduce_rows(everyone, buf, op)
