@@ -203,15 +203,11 @@ class Timeline:
     """
 
     def __init__(self) -> None:
-        self._active = False
+        self.active = False  # a file is open (an attribute, not a property: every op reads it)
         self._mark_cycles = False  # true only while active and marking
         self._writer: _FileWriter | None = None
         self._push = _discard
         self._lock = threading.Lock()
-
-    @property
-    def active(self) -> bool:
-        return self._active
 
     @property
     def mark_cycles(self) -> bool:
@@ -229,7 +225,7 @@ class Timeline:
             self._writer = writer
             self._push = writer.queue.append
             _open_timelines.add(self)
-            self._active = True
+            self.active = True
             self._mark_cycles = bool(mark_cycles)
 
     def stop(self) -> None:
@@ -238,7 +234,7 @@ class Timeline:
             self._stop_locked()
 
     def _stop_locked(self) -> None:
-        self._active = False
+        self.active = False
         self._mark_cycles = False
         writer, self._writer = self._writer, None
         self._push = _discard
@@ -249,48 +245,48 @@ class Timeline:
     # --- events (engine thread) ----------------------------------------------------------------
 
     def negotiate_start(self, name: str, request_type: str) -> None:
-        if not self._active:
+        if not self.active:
             return
         self._push((_BEGIN, name, "NEGOTIATE_" + _type_name(request_type), monotonic_ns()))
 
     def negotiate_rank_ready(self, name: str, rank: int) -> None:
-        if not self._active:
+        if not self.active:
             return
         self._push((_INSTANT_RANK, name, rank, monotonic_ns()))
 
     def negotiate_end(self, name: str) -> None:
-        if not self._active:
+        if not self.active:
             return
         self._push((_END, name, None, monotonic_ns()))
 
     def start_op(self, name: str, response_type: str) -> None:
-        if not self._active:
+        if not self.active:
             return
         self._push((_BEGIN, name, _type_name(response_type), monotonic_ns()))
 
     def activity_start(self, name: str, activity: str) -> None:
-        if not self._active:
+        if not self.active:
             return
         self._push((_BEGIN, name, activity, monotonic_ns()))
 
     def activity_end(self, name: str) -> None:
-        if not self._active:
+        if not self.active:
             return
         self._push((_END, name, None, monotonic_ns()))
 
     def activity_start_all(self, names: Sequence[str], activity: str) -> None:
-        if not self._active:
+        if not self.active:
             return
         self._push((_BEGIN_ALL, tuple(names), activity, monotonic_ns()))
 
     def activity_end_all(self, names: Sequence[str]) -> None:
-        if not self._active:
+        if not self.active:
             return
         self._push((_END_ALL, tuple(names), None, monotonic_ns()))
 
     def end_op(self, name: str, dtype: str, shape: Sequence[int]) -> None:
         """End the operation (and any activity of it still open) with its dtype and shape."""
-        if not self._active:
+        if not self.active:
             return
         self._push((_END_OP, name, (dtype, tuple(shape)), monotonic_ns()))
 

@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
+from torch.autograd.graph import increment_version
 
 from horovod.common import basics, ops
 from horovod.common.collective_rules import CORE_CALLS
@@ -34,9 +35,10 @@ def host_array(tensor: torch.Tensor, op: str, name: str | None) -> np.ndarray:
     """The numpy array the core reads: the tensor's own memory on CPU, a host copy otherwise."""
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{_what(op, name)}: expected a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dtype not in _SUPPORTED or (tensor.dtype is torch.bfloat16 and BFLOAT16 is None):
-        hint = " (bfloat16 needs the ml_dtypes package)" if tensor.dtype is torch.bfloat16 else ""
-        raise ValueError(f"{_what(op, name)}: tensor type {tensor.dtype} is not supported{hint}; supported types: "
+    dtype = tensor.dtype  # each read builds the answer again: once per op
+    if dtype not in _SUPPORTED or (dtype is torch.bfloat16 and BFLOAT16 is None):
+        hint = " (bfloat16 needs the ml_dtypes package)" if dtype is torch.bfloat16 else ""
+        raise ValueError(f"{_what(op, name)}: tensor type {dtype} is not supported{hint}; supported types: "
                          f"{', '.join(str(d).replace('torch.', '') for d in SUPPORTED_DTYPES)}")
     if tensor.layout is not torch.strided:
         raise ValueError(f"{_what(op, name)}: {tensor.layout} tensors are not supported here; use "
@@ -47,7 +49,7 @@ def host_array(tensor: torch.Tensor, op: str, name: str | None) -> np.ndarray:
         tensor = tensor.detach()
     if not tensor.is_cpu:  # `is_cpu`, not `device.type`: a sixth of the cost, on every op
         tensor = tensor.cpu()
-    if tensor.dtype is torch.bfloat16:
+    if dtype is torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(BFLOAT16)
     return tensor.numpy()
 
@@ -92,7 +94,7 @@ def start(kind: str, tensors: Sequence[torch.Tensor], grouped: bool = False, inp
             for tensor, array in zip(tensors, results):
                 if not tensor.is_cpu:  # staged: copy the host result back to the device
                     tensor.copy_(to_tensor(array, tensor.device))
-                torch.autograd.graph.increment_version(tensor)
+                increment_version(tensor)
             outputs: list[Any] = list(tensors)
         elif kind == "alltoall":
             outputs = [(to_tensor(r[0], t.device), torch.from_numpy(r[1])) for r, t in zip(results, tensors)]

@@ -83,19 +83,21 @@ class Engine(Driver):
             raise HorovodInternalError("Horovod has been shut down on this rank; call hvd.init() again.")
         if state is None:
             raise ValueError(f"process set {set_id} is not registered (was it removed?)")
+        handle = entries[0].handle  # one call's entries share it
+        handle.engine = self
+        handle.set_id = set_id
         with state.lock:
+            names = state.names
             for entry in entries:
-                if entry.name in state.names:
-                    op = entry.name.split(".", 1)[0]
+                name = entry.request.name
+                if name in names:
                     raise ValueError(
-                        f"{op}: a collective named {entry.name!r} is already in flight on rank {self.rank}. "
-                        "Names must be unique until the op completes: pass a different name= or "
-                        "synchronize the first handle."
+                        f"{name.split('.', 1)[0]}: a collective named {name!r} is already in flight on rank "
+                        f"{self.rank}. Names must be unique until the op completes: pass a different name= "
+                        "or synchronize the first handle."
                     )
             for entry in entries:
-                state.names.add(entry.name)
-                entry.handle.engine = self
-                entry.handle.set_id = set_id
+                names.add(entry.request.name)
             state.new.extend(entries)
         self.blocked.last_submit = time.monotonic()
         if self._submitter.will_wait:

@@ -16,15 +16,12 @@ from horovod.common.logging import log
 class ResponseCache:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
+        self.enabled = capacity > 0  # an attribute, not a property: every cycle reads it
         self._entries: OrderedDict[str, tuple[Response, tuple, int]] = OrderedDict()  # LRU order
         self._by_bit: dict[int, str] = {}
         self._free_bits: list[int] = []
         self._next_bit = 0
         self._warned_eviction = False
-
-    @property
-    def enabled(self) -> bool:
-        return self.capacity > 0
 
     def __len__(self) -> int:
         return len(self._entries)

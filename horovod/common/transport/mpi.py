@@ -147,6 +147,8 @@ class MpiTransport(Transport):
         self._control = job.Dup()
         self._groups: dict[tuple[int, ...], Any] = {tuple(range(self.size)): self._data}
         self._ops: dict[tuple[np.dtype, int], Any] = {}  # MPI's operator per (dtype, op), see _op
+        self._peers: dict[tuple[int, ...], list[int]] = {}  # a group's members other than us, see exchange
+        self._status = MPI.Status()  # a probed message's envelope, see _recv
         self._doorbell = _Doorbell(self.has_activity)
         self._closed = False
 
@@ -232,12 +234,12 @@ class MpiTransport(Transport):
 
     def _recv(self, rank: int) -> bytes:
         """The next control message from `rank`; PeerFailure when it stays silent too long."""
-        MPI = self._MPI
-        status = MPI.Status()
+        status = self._status  # one thread at a time negotiates: the one driving the engine
         if not self._control.Iprobe(rank, _CONTROL_TAG, status):
             self._await(rank, status)
-        data = bytearray(status.Get_count(MPI.BYTE))
-        self._control.Recv([data, MPI.BYTE], rank, _CONTROL_TAG)
+        byte = self._MPI.BYTE
+        data = bytearray(status.Get_count(byte))
+        self._control.Recv([data, byte], rank, _CONTROL_TAG)
         return bytes(data)
 
     def _await(self, rank: int, status: Any) -> None:
@@ -262,7 +264,11 @@ class MpiTransport(Transport):
                 pause = min(pause * 2 or _POLL_MIN, _POLL_MAX)
 
     def exchange(self, group: Sequence[int], payload: bytes) -> list[bytes]:
-        pending = self._send_all([r for r in group if r != self.rank], payload)
+        key = tuple(group)
+        peers = self._peers.get(key)
+        if peers is None:
+            peers = self._peers[key] = [r for r in group if r != self.rank]
+        pending = self._send_all(peers, payload)
         result = [payload if r == self.rank else self._recv(r) for r in group]
         self._MPI.Request.Waitall(pending)
         return result
@@ -282,7 +288,7 @@ class MpiTransport(Transport):
 
     # -- telling the engine that a peer is talking ------------------------------------------
     def has_activity(self) -> bool:
-        return bool(self._control.Iprobe(source=self._MPI.ANY_SOURCE, tag=_CONTROL_TAG))
+        return bool(self._control.Iprobe(self._MPI.ANY_SOURCE, _CONTROL_TAG))  # positional: see _send_all
 
     def activity_fds(self, driver: bool) -> dict[int, bool]:
         return {self._doorbell.fd(driver): False}
