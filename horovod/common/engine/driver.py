@@ -31,9 +31,11 @@ if TYPE_CHECKING:
 
 # How often pending work is re-examined for stalls while nothing else happens.
 _TICK_SECONDS = 0.5
-# How long an idle engine thread that a peer calls into leaves for a local waiting thread to answer
-# (see _loop).
-_JOIN_GRACE_SECONDS = 200e-6
+# How long an idle engine thread that a peer calls into leaves for a local thread to submit and
+# answer itself (see _loop). An answer from the engine thread only tells the peer that nothing is
+# ready, so waiting costs nothing; answering too early costs both a cycle. On a loaded or
+# oversubscribed machine a thread between two ops is often off its core for a millisecond or more.
+_JOIN_GRACE_SECONDS = 5e-3
 
 
 class Driver:
@@ -278,6 +280,7 @@ class Driver:
                     # the cycle itself (drive_until); a cycle without it would achieve nothing and
                     # cost another. Give that thread a moment; answer the peer only if none came.
                     last_cycle = self.cycle.last_start
+                    self._drain_wakes(self._wake_r)  # a wake-up already had must not cut the moment short
                     select.select([self._wake_r], [], [], _JOIN_GRACE_SECONDS)
                     if self.cycle.last_start != last_cycle:  # a waiting thread ran a cycle
                         continue
