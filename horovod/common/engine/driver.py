@@ -161,12 +161,17 @@ class Driver:
         return True
 
     def _hand_back(self) -> None:
-        """A caller stops driving: the engine thread takes over what is left, if anything is."""
+        """A caller stops driving: the engine thread takes over what is left, if anything is.
+
+        A peer that has started a cycle meanwhile needs an answer at once only if this rank has
+        work pending, which the cycle may advance. With none, the engine thread would only leave
+        a local thread its grace to submit (see _loop), and it hears of the peer anyway: waking
+        it after every op of a training loop where peers run ahead takes the ranks' cores."""
         try:
             peer_waiting = self.transport.set_caller_driving(False)
         finally:
             self._drive.release()
-        if peer_waiting or self._finished or self._has_new_work():
+        if self._finished or self._has_new_work() or (peer_waiting and self._idle_timeout() is not None):
             self._wake()
 
     def _drive_loop(self, handle: Handle) -> None:
