@@ -77,3 +77,48 @@ def test_late_peer_every_time():
     result = hvdrun(PEER_STARTED, np=2).check()
     for rank in range(2):
         assert result.ranks[rank]["values"] == [float(1 + 2 * i) for i in range(40)]
+
+
+LONE_CYCLES = r'''
+import numpy as np
+import horovod.numpy as hvd
+from horovod.common.engine.cycle import Cycle
+
+# Count the steady state's lone cycles (the call itself runs unchanged).
+lone = []
+run_lone = Cycle.run_lone
+def counted(self, state, bit):
+    lone.append(bit)
+    return run_lone(self, state, bit)
+Cycle.run_lone = counted
+
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+ROUNDS = 40
+exact = True
+for i in range(ROUNDS):
+    x = np.full(5, float(r + i))
+    if r == 1 and i % 2:
+        # Rank 1 has "y" in flight when it submits "x": its cycle is a full one, with two ready
+        # bits, while rank 0 offers "x" alone in a lone cycle; both must run "x", then "y".
+        handle = hvd.allreduce_async(np.full(3, float(r)), op=hvd.Sum, name="y")
+        exact &= bool(np.all(hvd.allreduce(x, op=hvd.Sum, name="x") == sum(range(n)) + n * i))
+        exact &= bool(np.all(hvd.synchronize(handle) == sum(range(n))))
+    else:
+        exact &= bool(np.all(hvd.allreduce(x, op=hvd.Sum, name="x") == sum(range(n)) + n * i))
+        exact &= bool(np.all(hvd.allreduce(np.full(3, float(r)), op=hvd.Sum, name="y") == sum(range(n))))
+report(exact=exact, lone=len(lone))
+'''
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_lone_cycles_of_the_steady_state_agree_with_full_ones(transport):
+    """A synchronous op that is its rank's only work and a cache hit runs its cycle at once, on
+    its caller's thread; a peer that has other work in flight runs a full cycle meanwhile. Both
+    sides must take the same decision from the same messages, every round."""
+    result = hvdrun(LONE_CYCLES, np=2, env={"HOROVOD_CPU_OPERATIONS": transport}).check()
+    assert result.ranks[0]["exact"] is True and result.ranks[1]["exact"] is True
+    # Once both names are cached, rank 0 runs its ops in lone cycles (all of them on an idle
+    # machine; the engine thread may hold the engine at times), rank 1 only some of its own.
+    lone = [result.ranks[rank]["lone"] for rank in range(2)]
+    assert lone[0] >= 40 and 0 < lone[1] < lone[0], lone
