@@ -1,8 +1,9 @@
 """Who runs the engine's cycles, when, and what happens when one fails.
 
 Either the engine thread (overlapped work, cycles a peer starts) or a framework thread that
-would otherwise only wait for its handle (`drive_until`); the drive lock lets exactly one of
-them run cycles at a time. Each has its own wake-up pipe. Between cycles the driver sleeps on
+would otherwise only wait for its handle (`drive_until`), or that has just submitted the
+steady state's lone op (`drive_lone`); the drive lock lets exactly one of them run cycles at a
+time. Each has its own wake-up pipe. Between cycles the driver sleeps on
 the transport's activity, re-examines pending work for stalls, and hands the job over at
 shutdown. A failure in a cycle fails every pending op with its cause and ends the engine.
 """

@@ -14,7 +14,9 @@ this rank belongs to, in id order, a cycle does:
 
 Who runs the cycles: the engine thread, or a framework thread that waits for a handle (see
 `drive_until`); a lock lets exactly one of them drive at a time. Work overlapped with compute is
-the engine thread's; a synchronous op runs on its caller's thread, without thread hand-offs.
+the engine thread's; a synchronous op runs on its caller's thread, without thread hand-offs. In
+a training loop's steady state (the op is the rank's only work and a cache hit) the submitting
+thread runs the op's cycle at once, with the least bookkeeping (`drive_lone`).
 
 A transport failure (dead or hung peer) fails every pending op with the peer named and stops
 the engine; `shutdown()` on any rank stops every rank's engine after the current cycle.
