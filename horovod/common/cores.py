@@ -14,3 +14,12 @@ def cores_per_rank(local_size: int) -> float:
         return (os.cpu_count() or 1) / max(local_size, 1)
     allowed = len(os.sched_getaffinity(0))
     return allowed / max(local_size, 1) if allowed == os.cpu_count() else float(allowed)
+
+
+def overlap_backward(choice: bool | None, local_size: int) -> bool:
+    """Whether an adapter submits each gradient while backward still runs: as the user's setting
+    says (`HOROVOD_TORCH_OVERLAP_BACKWARD`, `HOROVOD_TF_OVERLAP_BACKWARD`), else where a rank has
+    two cores of its own or more."""
+    if choice is not None:
+        return choice
+    return cores_per_rank(local_size) >= 2

@@ -38,7 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from horovod.common import runtime
-from horovod.common.cores import cores_per_rank
+from horovod.common.cores import overlap_backward
 from horovod.tensorflow._bridge import Job, in_function, per_job, refuse_xla, set_shapes
 
 
@@ -48,9 +48,7 @@ def enabled() -> bool:
     if not in_function():
         return False
     settings = runtime.current().settings
-    if settings.tf_overlap_backward is not None:
-        return settings.tf_overlap_backward
-    return cores_per_rank(settings.topology.local_size) >= 2
+    return overlap_backward(settings.tf_overlap_backward, settings.topology.local_size)
 
 
 def run_in_backward_order(jobs: Sequence[Job], label: str) -> list[list[tf.Tensor]]:

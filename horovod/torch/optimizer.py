@@ -46,7 +46,7 @@ from horovod.common.gradients import GradientReducer
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Adasum, Average
 from horovod.common.settings import Settings
-from horovod.common.cores import cores_per_rank
+from horovod.common.cores import overlap_backward
 from horovod.torch.compression import Compression, Compressor
 from horovod.torch._bridge import Pending, start
 from horovod.torch.adasum_optimizer import DistributedAdasumOptimizer
@@ -89,7 +89,7 @@ class _DistributedOptimizer:
         process_set = reducer.process_set
         settings = Settings.from_env()
         self._active = bool(process_set.included()) and (basics.size() > 1 or settings.elastic)
-        self._overlap = _overlaps(settings)  # see the module docstring
+        self._overlap = overlap_backward(settings.torch_overlap_backward, basics.local_size())  # module docstring
         if self._active:
             self._register_hooks(params)
 
@@ -263,13 +263,6 @@ class _DistributedOptimizer:
             self._passes_left[p] = self._backward_passes_per_step
         if self._active:
             self._register_hooks(new)
-
-
-def _overlaps(settings: Settings) -> bool:
-    """Whether the hooks submit each bucket as it becomes ready (else all at synchronize())."""
-    if settings.torch_overlap_backward is not None:
-        return settings.torch_overlap_backward
-    return cores_per_rank(basics.local_size()) >= 2
 
 
 def _remove_hooks(handles: list[Any]) -> None:

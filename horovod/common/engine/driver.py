@@ -14,7 +14,7 @@ import os
 import select
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from horovod.common.engine.blocking import BlockedWaits
 from horovod.common.engine.coordinator import stall_message
@@ -197,11 +197,10 @@ class Driver:
             for fd in (self._wake_r, self._wake_w, self._driver_wake_r, self._driver_wake_w):
                 os.close(fd)
 
-    def _guarded(self, work: Callable[..., Any], *args: object) -> Any:
-        """Run engine work, returning its result; a failure fails every pending op with its cause
-        and ends the engine (and returns None)."""
+    def _guarded(self, work: Callable[..., None], *args: object) -> None:
+        """Run engine work; a failure fails every pending op with its cause and ends the engine."""
         try:
-            return work(*args)
+            work(*args)
         except PeerFailure as exc:
             self._dead_peer = exc.rank
             if exc.rank in self.shutdown.failed:  # it said so before its connection closed
