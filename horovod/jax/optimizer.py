@@ -31,7 +31,7 @@ __all__ = ["DistributedOptimizer", "allreduce_gradients"]
 
 def _transport(reducer: GradientReducer, tensors: list[Any], plan: Plan) -> list[Any]:
     def reduce_arrays(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        with basics.runtime().engine.caller_waits():
+        with basics.runtime().engine.batch_waits():
             wait = reducer.submit(arrays, plan)
         return wait()
 

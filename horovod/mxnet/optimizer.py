@@ -24,7 +24,7 @@ __all__ = ["DistributedOptimizer", "DistributedTrainer"]
 
 def _transport(reducer: GradientReducer, tensors: list[Any], plan: Plan) -> list[Any]:
     arrays = [host_array(t, f"gradient {name}") for t, name in zip(tensors, plan.names)]
-    with basics.runtime().engine.caller_waits():
+    with basics.runtime().engine.batch_waits():
         wait = reducer.submit(arrays, plan)
     return [to_ndarray(a, t) for a, t in zip(wait(), tensors)]
 

@@ -174,9 +174,10 @@ class _DistributedOptimizer:
         if not self._active or self._synchronized:
             return
         try:
-            # Submitted as one batch that this thread then runs (caller_waits: the engine thread
-            # is not woken for each), held buckets first, in the order backward completed them.
-            with basics.runtime().engine.caller_waits():
+            # Submitted as one batch that this thread then runs (batch_waits: one cycle for all,
+            # fused, and the engine thread is not woken for each), held buckets first, in the
+            # order backward completed them.
+            with basics.runtime().engine.batch_waits():
                 for bucket in self._held + self._buckets:
                     if id(bucket) not in self._launched:
                         self._launch(bucket)

@@ -70,12 +70,13 @@ def test_huge_pages_are_the_same_for_every_system():
     assert env["THP_MEM_ALLOC_ENABLE"] == env["NUMPY_MADVISE_HUGEPAGE"] == "1"
 
 
-def test_torch_training_benchmark_runs_both_and_ends_identical():
+@pytest.mark.parametrize("model", ["mlp", "mnist"])
+def test_torch_training_benchmark_runs_both_and_ends_identical(model):
     # benchmarks/torch_training.py, shortened: khorovod and DDP take the same steps (docs/performance.md).
     pytest.importorskip("torch")
     script = str(REPO / "benchmarks" / "torch_training.py")
     proc = subprocess.run([sys.executable, "-m", "horovod.runner.launch", "-np", "2", sys.executable, script,
-                           "--rounds", "2", "--steps", "2", "--warmup", "1"],
+                           "--model", model, "--rounds", "2", "--steps", "2", "--warmup", "1"],
                           capture_output=True, text=True, timeout=240, env=child_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "ratio khorovod / DDP:" in proc.stdout
@@ -144,3 +145,15 @@ def test_keras_training_benchmark_runs_each_system(tmp_path):
     assert all(re.fullmatch(r"\d+\.\d\dx", ratio) for ratio in cells[5:7])
     assert re.search(r"khorovod:one-node / mwms over the jobs: min \d+\.\d\dx, median \d+\.\d\dx, max \d+\.\d\dx; "
                      r"khorovod:one-node / alone: median \d+\.\d\dx", proc.stdout)
+
+
+def test_fusion_cutoff_benchmark_times_both_ways_for_every_size():
+    # benchmarks/fusion_cutoff.py, shortened: packed and one by one, per size (docs/performance.md).
+    script = str(REPO / "benchmarks" / "fusion_cutoff.py")
+    proc = subprocess.run([sys.executable, "-m", "horovod.runner.launch", "-np", "2", sys.executable, script,
+                           "--sizes", "4K,512K", "--iters", "20"],
+                          capture_output=True, text=True, timeout=240, env=child_env())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = re.findall(r"^\[0\]<stdout>:\s+(\d+)K\s+(\d+)\s+(\d+)\s+([\d.]+)$", proc.stdout, re.M)
+    assert [row[0] for row in rows] == ["4", "512"], proc.stdout
+    assert all(int(packed) > 0 and int(alone) > 0 for _, packed, alone, _ in rows), rows

@@ -87,9 +87,9 @@ from horovod.common.engine.cycle import Cycle
 # Count the steady state's lone cycles (the call itself runs unchanged).
 lone = []
 run_lone = Cycle.run_lone
-def counted(self, state, bit):
-    lone.append(bit)
-    return run_lone(self, state, bit)
+def counted(self, state, hit_bits):
+    lone.append(hit_bits)
+    return run_lone(self, state, hit_bits)
 Cycle.run_lone = counted
 
 hvd.init()

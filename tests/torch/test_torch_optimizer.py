@@ -353,3 +353,61 @@ def test_overlap_setting_submits_during_backward_with_the_same_results(tmp_path)
     assert got["seen_on"] == [True]  # =1: submitted from the hook, while backward still ran
     assert got["seen_off"] == [False]  # =0: nothing reached the engine before step()
     # (and "identical" shows that =0 still reduced every gradient, at step())
+
+
+ONE_CYCLE_PER_STEP = r'''
+import torch
+import horovod.torch as hvd
+from horovod.common.engine.cycle import Cycle
+from horovod.common.engine.executor import Executor
+
+# Record what each step negotiates and runs (the calls themselves run unchanged).
+lone, executed = [], []
+run_lone, execute = Cycle.run_lone, Executor.execute
+def counted_lone(self, state, hit_bits):
+    lone.append(sorted(hit_bits))
+    return run_lone(self, state, hit_bits)
+def counted_execute(self, response, entries, members):
+    executed.append(list(response.names))
+    return execute(self, response, entries, members)
+Cycle.run_lone, Executor.execute = counted_lone, counted_execute
+
+torch.set_num_threads(1)
+hvd.init()
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).double()
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                               named_parameters=model.named_parameters())
+names = sorted(f"allreduce.{n}" for n, _ in model.named_parameters())
+torch.manual_seed(1 + hvd.rank())
+steps = []
+for step in range(6):
+    x, y = torch.randn(5, 6, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64)
+    opt.zero_grad()
+    ((model(x) - y) ** 2).mean().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    del lone[:], executed[:]
+    opt.synchronize()
+    record = {"lone": list(lone), "executed": [sorted(e) for e in executed]}
+    expected = hvd.grouped_allreduce(grads, op=hvd.Average, name="expected")  # one by one, same sums
+    record["averaged"] = all(torch.equal(p.grad, e) for p, e in zip(model.parameters(), expected))
+    with opt.skip_synchronize():
+        opt.step()
+    steps.append(record)
+report(steps=steps, names=names)
+'''
+
+
+def test_a_steps_gradients_take_one_cycle_and_one_fused_allreduce():
+    """Where gradients are submitted at step() (no overlap), the step's allreduces go in as one
+    batch: once they are cached, every step is one lone cycle that offers them all, and they run
+    as one fused allreduce (with one in flight per gradient they would take one cycle each)."""
+    result = hvdrun(ONE_CYCLE_PER_STEP, np=2, env={"HOROVOD_TORCH_OVERLAP_BACKWARD": "0"}).check()
+    for rank in (0, 1):
+        got = result.ranks[rank]
+        names = got["names"]
+        for number, step in enumerate(got["steps"]):
+            assert step["averaged"] is True, (rank, number)
+            if number >= 1:  # the first step's requests go through the coordinator (not cached yet)
+                assert step["lone"] == [names], (rank, number, step)
+                assert step["executed"] == [names], (rank, number, step)

@@ -3,7 +3,7 @@
 import pytest
 
 from horovod.common.engine.coordinator import Coordinator, stall_message, validate
-from horovod.common.engine.fusion import plan_fusion
+from horovod.common.engine.fusion import PACK_BELOW_BYTES, plan_fusion
 from horovod.common.engine.handles import Entry, Handle
 from horovod.common.engine.messages import OpType, Request, Response
 from horovod.common.engine.readiness import (BLOCKED, FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree, bits,
@@ -39,6 +39,11 @@ class TestFusion:
     def test_a_tensor_bigger_than_the_threshold_travels_alone(self):
         plan = plan_fusion([ar("big", 1000), ar("a", 1)], threshold_bytes=64)
         assert [r.names for r in plan] == [["big"], ["a"]]
+
+    def test_a_tensor_too_big_to_be_worth_copying_travels_alone_under_the_threshold(self):
+        big = PACK_BELOW_BYTES // 4  # float32 elements
+        plan = plan_fusion([ar("a", 1), ar("big", big), ar("b", 1), ar("just_under", big - 1)], 1 << 26)
+        assert [r.names for r in plan] == [["a", "b", "just_under"], ["big"]]
 
 
 def req(rank, name="allreduce.x", op=OpType.ALLREDUCE, dtype="float32", shape=(2,), **kw):

@@ -130,45 +130,59 @@ class Cycle:
         received = self.transport.exchange(state.members, payload)
         return self._conclude(state, message, payload, received, misses, hit_bits, join_request)
 
-    def lone_hit(self, state: SetState) -> int | None:
-        """The cache bit of the op just submitted when this cycle is a training loop's steady
-        state, which `run_lone` runs with the least work: the set is the only one (the driver
-        checks), its only work is that op, found in the cache, and nothing is flagged. None
-        when it is not: run a full cycle."""
+    def lone_hits(self, state: SetState) -> dict[str, int] | None:
+        """The cache bits of the ops just submitted (by name) when this cycle is a training loop's
+        steady state, which `run_lone` runs with the least work: the set is the only one (the
+        driver checks), its only work is those ops, all found in the cache, and nothing is
+        flagged. None when it is not: run a full cycle."""
         if (self.forced or self.autotuner is not None or self.shutdown.requested or self.shutdown.ranks
-                or state.joined or state.unsent or state.waiting or len(state.new) != 1
+                or state.joined or state.unsent or state.waiting or not state.new
                 or (self.timeline is not None and self.timeline.active)):
             return None
-        request = state.new[0].request
         cache = state.cache
-        if not (cache.enabled and self.tunables.cache_enabled and request.op_type in CACHEABLE):
+        if not (cache.enabled and self.tunables.cache_enabled):
             return None
-        status, bit = cache.lookup(request)
-        if status != "hit" or (self._stall_limit is not None and self.blocked.waits(state.set_id, time.monotonic())):
+        hit_bits: dict[str, int] = {}
+        for entry in state.new:
+            request = entry.request
+            if request.op_type not in CACHEABLE:
+                return None
+            status, bit = cache.lookup(request)
+            if status != "hit":
+                return None
+            hit_bits[request.name] = bit
+        if self._stall_limit is not None and self.blocked.waits(state.set_id, time.monotonic()):
             return None
-        return bit
+        return hit_bits
 
-    def run_lone(self, state: SetState, bit: int) -> None:
-        """The cycle `lone_hit` found, for the op with cache bit `bit`: the messages of `run`, so
-        peers cannot tell, and what the replies decide is `run`'s own code."""
+    def run_lone(self, state: SetState, hit_bits: dict[str, int]) -> None:
+        """The cycle `lone_hits` found: the messages of `run`, so peers cannot tell, and what the
+        replies decide is `run`'s own code."""
         with state.lock:
-            if len(state.new) != 1:  # another thread submitted meanwhile: not a lone cycle after all
+            if len(state.new) != len(hit_bits):  # another thread submitted meanwhile: not lone after all
                 return
-            (entry,), state.new = state.new, []
+            entries, state.new = state.new, []
         now = self.last_start = time.monotonic()
-        name = entry.request.name
-        state.unsent[name] = (entry, now)  # pending where a failure of the exchange finds it
-        message = (0, 1 << bit, 0, [])
+        hits = 0
+        for entry in entries:
+            state.unsent[entry.request.name] = (entry, now)  # pending where a failed exchange finds it
+        for bit in hit_bits.values():
+            hits |= 1 << bit
+        message = (0, hits, 0, [])
         payload = self._payload(message)
         received = self.transport.exchange(state.members, payload)
         if received.count(payload) == len(received):
-            # Every member has this op, and only it, ready (what `_conclude` would find, as
-            # nobody has left: `lone_hit`): run it.
-            del state.unsent[name]
-            state.waiting[name] = entry
-            self._execute(state, state.cache.response_for_bit(bit))
+            # Every member has these ops, and only them, ready (what `_conclude` would find, as
+            # nobody has left: `lone_hits`): run them, fused as `_conclude` would.
+            for entry in entries:
+                name = entry.request.name
+                del state.unsent[name]
+                state.waiting[name] = entry
+            responses = [state.cache.response_for_bit(bit) for bit in bits(hits)]
+            for response in plan_fusion(responses, self.tunables.fusion_threshold):
+                self._execute(state, response)
             return
-        fatal = self._conclude(state, message, payload, received, [], {name: bit}, None)
+        fatal = self._conclude(state, message, payload, received, [], hit_bits, None)
         if fatal:
             self._on_fatal(fatal)
 

@@ -144,19 +144,19 @@ class Driver:
             self._hand_back()
 
     def drive_lone(self, state: SetState) -> bool:
-        """Run the cycle of an op just submitted, on its caller's thread, when the op is this
-        rank's only work and the steady state's (`Cycle.lone_hit`): before its caller even
-        waits, without the wait's machinery. True when the cycle ran (the op is done, or left
+        """Run the cycle of the ops just submitted, on their caller's thread, when they are this
+        rank's only work and the steady state's (`Cycle.lone_hits`): before their caller even
+        waits, without the wait's machinery. True when the cycle ran (the ops are done, or left
         pending like any other); False when it did not, and nothing was sent."""
         if self._finished or len(self.sets) != 1 or not self._drive.acquire(blocking=False):
             return False
-        bit = self.cycle.lone_hit(state)
-        if bit is None:
+        hit_bits = self.cycle.lone_hits(state)
+        if hit_bits is None:
             self._drive.release()
             return False
         try:
             self.transport.set_caller_driving(True)
-            self._guarded(self.cycle.run_lone, state, bit)
+            self._guarded(self.cycle.run_lone, state, hit_bits)
         finally:
             self._hand_back()
         return True

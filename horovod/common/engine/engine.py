@@ -40,20 +40,52 @@ from horovod.common.settings import Settings
 from horovod.common.transport.base import Transport
 
 if TYPE_CHECKING:
+    from horovod.common.engine.state import SetState
     from horovod.common.timeline import Timeline
 
 
-class _CallerWaits(threading.local):
-    """Per thread: is a submission under way whose caller waits for it at once? A context
-    manager of its own, because `contextlib`'s generator costs a microsecond per op."""
+class _Submission(threading.local):
+    """Per thread: whether the caller of the submission under way waits for it at once, and if
+    so whether it is one call (`caller_waits`) or a batch of them (`batch_waits`). Context
+    managers of their own, because `contextlib`'s generator costs a microsecond per op."""
 
-    will_wait = False
+    waits = False
+    batch = False
+    state: SetState | None = None  # the set a batch went to (its last submission's)
+
+
+class _CallerWaits:
+    """`Engine.caller_waits`: the one call submitted inside is waited for at once."""
+
+    __slots__ = ("_submission",)
+
+    def __init__(self, submission: _Submission) -> None:
+        self._submission = submission
 
     def __enter__(self) -> None:
-        self.will_wait = True
+        self._submission.waits = True
 
     def __exit__(self, *exc: object) -> None:
-        self.will_wait = False
+        self._submission.waits = False
+
+
+class _BatchWaits:
+    """`Engine.batch_waits`: every call submitted inside is waited for together, right after."""
+
+    __slots__ = ("_engine", "_submission")
+
+    def __init__(self, engine: Engine, submission: _Submission) -> None:
+        self._engine, self._submission = engine, submission
+
+    def __enter__(self) -> None:
+        self._submission.waits = self._submission.batch = True
+
+    def __exit__(self, *exc: object) -> None:
+        submission = self._submission
+        state, submission.state = submission.state, None
+        submission.waits = submission.batch = False
+        if state is not None:
+            self._engine.end_batch(state, failed=exc[0] is not None)
 
 
 class Engine(Driver):
@@ -63,7 +95,8 @@ class Engine(Driver):
     def __init__(self, settings: Settings, transport: Transport, sets: dict[int, tuple[int, ...]],
                  timeline: Timeline | None) -> None:
         super().__init__(settings, transport, timeline if transport.rank == 0 else None)
-        self._submitter = _CallerWaits()
+        submission = self._submission = _Submission()
+        self._caller_waits, self._batch_waits = _CallerWaits(submission), _BatchWaits(self, submission)
         for set_id, members in sets.items():
             self.register_set(set_id, members)
 
@@ -102,7 +135,10 @@ class Engine(Driver):
                 names.add(entry.request.name)
             state.new.extend(entries)
         self.blocked.last_submit = time.monotonic()
-        if self._submitter.will_wait:
+        submission = self._submission
+        if submission.batch:
+            submission.state = state  # the batch's end runs it (end_batch)
+        elif submission.waits:
             if self.drive_lone(state):
                 return
         else:
@@ -114,7 +150,22 @@ class Engine(Driver):
         """Around a submission whose caller waits for it at once: it will run the cycle itself
         (drive_until), so the engine thread is not woken; waking it would only make the two
         threads compete for the GIL and the drive lock."""
-        return self._submitter
+        return self._caller_waits
+
+    def batch_waits(self) -> _BatchWaits:
+        """Around several submissions that the caller waits for together right after (an
+        optimizer's gradients): as `caller_waits`, and no cycle starts before the last one is
+        in, so that one cycle negotiates them all and fusion sees them all."""
+        return self._batch_waits
+
+    def end_batch(self, state: SetState, failed: bool) -> None:
+        """The batch `batch_waits` enclosed is in: run its cycle now where it is the steady
+        state's (`drive_lone`), else the caller's wait runs it. If the batch broke off with an
+        error, the engine thread takes what went in, as it would any work nobody waits for."""
+        if failed:
+            self._wake()
+        else:
+            self.drive_lone(state)
 
     def register_set(self, set_id: int, members: tuple[int, ...]) -> None:
         self.cycle.register_set(set_id, members)
