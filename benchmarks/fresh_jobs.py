@@ -10,9 +10,12 @@ in-place allreduces per size, each timed as the slowest rank's. A job's figure i
 the report is min / median / max over the jobs of those medians (busbw for bandwidth, time for
 latency), and how far the slowest job is from the median job. Each job's line also says how many
 cores the rest of the machine kept busy while it ran (from /proc/stat, less the job's own CPU
-time), how many the host of a virtual machine took (steal), and the memory bandwidth of one core
-just before (a 64 MiB copy): a slow job that shared its cores or its memory bus shows there. Single-job benchmarks hide a
-bimodal machine; this is the one that shows it. With `--variant NAME=VAR=VALUE,...` (repeated)
+time), how many the host of a virtual machine took (steal), the memory bandwidth of one core
+just before (a 64 MiB copy), and how much slower Python ran on the first two cores at once than
+on each alone, just before and just after (a host that runs a virtual machine's two cores on
+one physical core shows there, and nowhere else): a slow job that shared its cores or its
+memory bus shows there. Single-job benchmarks hide a bimodal machine; this is the one that
+shows it. With `--variant NAME=VAR=VALUE,...` (repeated)
 the jobs of the variants alternate, so that a shared machine's load hits them alike (a variant
 may set PYTHONPATH to compare two checkouts).
 """
@@ -36,7 +39,7 @@ import numpy as np
 from horovod.benchmarks.__main__ import parse_sizes
 
 # Keys of a job's conditions beside its sizes (which are positive).
-OTHERS, STOLEN, COPY = -1, -2, -3
+OTHERS, STOLEN, COPY, TOGETHER = -1, -2, -3, -4
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -55,6 +58,54 @@ def copy_gbps() -> float:
     return src.nbytes / best / 1e9
 
 
+def python_loop_seconds(rounds: int = 5, n: int = 200_000) -> float:
+    """The median time of a pure-Python loop (what a small op's time mostly is)."""
+    def loop() -> None:
+        total = 0
+        for i in range(n):
+            total += i
+    return statistics.median(_timed(loop) for _ in range(rounds))
+
+
+def _loops_on(cores: list[int]) -> list[float]:
+    """`python_loop_seconds` on each of `cores` at the same time, one forked process per core."""
+    go_r, go_w = os.pipe()
+    children = []
+    for core in cores:
+        out_r, out_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: pinned, waits for the start, reports its time
+            try:
+                os.sched_setaffinity(0, {core})
+                os.read(go_r, 1)
+                os.write(out_w, repr(python_loop_seconds()).encode())
+            finally:
+                os._exit(0)
+        os.close(out_w)
+        children.append((pid, out_r))
+    os.write(go_w, b"x" * len(cores))
+    times = []
+    for pid, out_r in children:
+        with os.fdopen(out_r) as f:
+            times.append(float(f.read()))
+        os.waitpid(pid, 0)
+    os.close(go_r)
+    os.close(go_w)
+    return times
+
+
+def together_slowdown() -> float:
+    """How much slower Python runs on each of the first two cores when both run it at once than
+    when each runs alone: 1.0 when they are independent cores; more when the host runs them on
+    one physical core (hyperthreads) or shares it, which nothing inside a virtual machine shows."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    if len(cores) < 2:
+        return 1.0
+    alone = [_loops_on([core])[0] for core in cores]
+    together = _loops_on(cores)
+    return max(t / a for t, a in zip(together, alone))
+
+
 def _timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
@@ -70,7 +121,7 @@ def one_job(np_: int, sizes: list[int], iters: int, env: dict[str, str]) -> dict
     """Median seconds per allreduce, per size, of one fresh job; and what the machine was like
     meanwhile: OTHERS, the cores everything else kept busy (busy time not the job's, over the wall
     time), STOLEN, the cores the host took from this machine, COPY, the memory bandwidth just before."""
-    copy = copy_gbps()
+    copy, before = copy_gbps(), together_slowdown()
     start, (busy, stolen), ours = time.perf_counter(), cpu_seconds(), children_seconds()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
@@ -85,7 +136,7 @@ def one_job(np_: int, sizes: list[int], iters: int, env: dict[str, str]) -> dict
     wall, (busy_end, stolen_end) = time.perf_counter() - start, cpu_seconds()
     others = (busy_end - busy - (children_seconds() - ours)) / wall
     return {**{row["bytes"]: row["median_s"] for row in rows}, OTHERS: max(others, 0.0),
-            STOLEN: (stolen_end - stolen) / wall, COPY: copy}
+            STOLEN: (stolen_end - stolen) / wall, COPY: copy, TOGETHER: max(before, together_slowdown())}
 
 
 def spread(values: list[float]) -> tuple[float, float, float]:
@@ -132,10 +183,12 @@ def report(name: str, per_job: list[dict[int, float]], sizes: list[int], factor:
             low, mid, high = spread([t * 1e6 for t in times])
             print(f"| {size >> 10} KiB | {low:.0f} / {mid:.0f} / {high:.0f} us | {mid / high:.2f}x |")
     print("per job (size: median; cores other processes kept busy and cores stolen by the host during the job; "
-          "memory copy GB/s just before):")
+          "memory copy GB/s just before; how much slower Python ran on two cores at once than alone, the "
+          "worse of just before and just after):")
     for i, job in enumerate(per_job):
         print(f"  job {i:2d}: " + ", ".join(f"{s}: {job[s] * 1e6:.0f} us" for s in sizes)
-              + f"; others {job[OTHERS]:.2f} cores, stolen {job[STOLEN]:.2f}, copy {job[COPY]:.1f} GB/s")
+              + f"; others {job[OTHERS]:.2f} cores, stolen {job[STOLEN]:.2f}, copy {job[COPY]:.1f} GB/s, "
+              f"together {job[TOGETHER]:.2f}x")
 
 
 if __name__ == "__main__":

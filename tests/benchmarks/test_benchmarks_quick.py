@@ -109,7 +109,7 @@ def test_fresh_jobs_alternates_variants_and_reports_each():
         section = proc.stdout.split(f"\n{name}:\n", 1)[1]
         assert "| 4 KiB |" in section and "| 1 MiB |" in section and "job  0: 4096:" in section
         assert re.search(r"job  0: 4096: \d+ us, 1048576: \d+ us; others \d+\.\d\d cores, stolen \d+\.\d\d, "
-                         r"copy \d+\.\d GB/s", section), section
+                         r"copy \d+\.\d GB/s, together \d+\.\d\dx", section), section
 
 
 def test_scaling_benchmark_reports_every_configuration_and_plots(tmp_path):

@@ -163,9 +163,10 @@ class Cycle:
                 return
             entries, state.new = state.new, []
         now = self.last_start = time.monotonic()
+        unsent = state.unsent
         hits = 0
         for entry in entries:
-            state.unsent[entry.request.name] = (entry, now)  # pending where a failed exchange finds it
+            unsent[entry.request.name] = (entry, now)  # pending where a failed exchange finds it
         for bit in hit_bits.values():
             hits |= 1 << bit
         message = (0, hits, 0, [])
@@ -174,11 +175,17 @@ class Cycle:
         if received.count(payload) == len(received):
             # Every member has these ops, and only them, ready (what `_conclude` would find, as
             # nobody has left: `lone_hits`): run them, fused as `_conclude` would.
+            waiting = state.waiting
             for entry in entries:
                 name = entry.request.name
-                del state.unsent[name]
-                state.waiting[name] = entry
-            responses = [state.cache.response_for_bit(bit) for bit in bits(hits)]
+                del unsent[name]
+                waiting[name] = entry
+            cache = state.cache
+            if len(entries) == 1:  # a lone op fuses with nothing: the common case, without the plan
+                (only,) = hit_bits.values()
+                self._execute(state, cache.response_for_bit(only))
+                return
+            responses = [cache.response_for_bit(b) for b in bits(hits)]
             for response in plan_fusion(responses, self.tunables.fusion_threshold):
                 self._execute(state, response)
             return
