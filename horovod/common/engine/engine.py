@@ -45,9 +45,9 @@ if TYPE_CHECKING:
 
 
 class _Submission(threading.local):
-    """Per thread: whether the caller of the submission under way waits for it at once, and if
-    so whether it is one call (`caller_waits`) or a batch of them (`batch_waits`). Context
-    managers of their own, because `contextlib`'s generator costs a microsecond per op."""
+    """Per thread: whether the caller of the submission under way waits for it at once, one call
+    (`caller_waits`) or a batch of them (`batch_waits`, which takes precedence). Each has a
+    context manager of its own, because `contextlib`'s generator costs a microsecond per op."""
 
     waits = False
     batch = False
@@ -78,12 +78,12 @@ class _BatchWaits:
         self._engine, self._submission = engine, submission
 
     def __enter__(self) -> None:
-        self._submission.waits = self._submission.batch = True
+        self._submission.batch = True
 
     def __exit__(self, *exc: object) -> None:
         submission = self._submission
         state, submission.state = submission.state, None
-        submission.waits = submission.batch = False
+        submission.batch = False
         if state is not None:
             self._engine.end_batch(state, failed=exc[0] is not None)
 
