@@ -115,7 +115,7 @@ class Collectives:
         q = gl[1 - pos]
         base = self.rounds[q]
         pe = self.layout.slot_bytes // buf.itemsize
-        total_rounds = -(-buf.size // pe)
+        total_rounds = math.ceil(buf.size / pe)
         typed = self._typed(buf.dtype)
         mine, theirs = typed[self.me][0], typed[q][0]
         counters = self.mine.counters
