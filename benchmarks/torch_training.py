@@ -3,9 +3,13 @@
     horovodrun -np 2 python benchmarks/torch_training.py
     horovodrun -np 2 python benchmarks/torch_training.py --model cnn --batch-size 32
     horovodrun -np 2 python benchmarks/torch_training.py --model mnist --steps 50
+    horovodrun -np 2 python benchmarks/torch_training.py --threads 4     # on a machine with the cores
+    horovodrun -np 2 python benchmarks/torch_training.py --device cuda   # both ranks on the GPU
 
 Both run in the same job on the same ranks, with the same model, batch and optimizer, one
-intra-op thread per rank. They alternate in rounds (khorovod then DDP, then DDP then khorovod,
+intra-op thread per rank unless --threads says otherwise (with spare cores, communication can
+overlap the backward pass). On --device cuda the model and data live on the GPU: khorovod stages
+each gradient through host memory, DDP's gloo does the same with its own copies. They alternate in rounds (khorovod then DDP, then DDP then khorovod,
 ...) so that whatever else the machine does hits both alike; the medians over rounds are
 compared, and so are the two measurements of each round (the per-round ratio). DDP talks gloo;
 its process group is set up inside the job horovodrun started. At the end the two models must
@@ -49,11 +53,17 @@ def make_model(name: str) -> nn.Module:
     raise ValueError(f"unknown model {name}")
 
 
-def batch(name: str, size: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+def batch(name: str, size: int, rank: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(rank)
     shape = {"mlp": (size, 256), "cnn": (size, 3, 32, 32), "mnist": (size, 1, 28, 28)}[name]
     x = torch.randn(shape, generator=generator)
-    return x, torch.randint(0, 10, (size,), generator=generator)
+    return x.to(device), torch.randint(0, 10, (size,), generator=generator).to(device)
+
+
+def synchronized(device: str) -> None:
+    """Wait for the device's queued work, so that a step's time is the step's."""
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def free_port() -> int:
@@ -69,10 +79,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="steps per round and framework")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=3, help="steps of each before timing")
+    parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--json", metavar="PATH", help="rank 0 also writes the rates here (benchmarks/scaling.py)")
     args = parser.parse_args()
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -80,11 +92,12 @@ def main() -> None:
     dist.init_process_group("gloo", rank=rank, world_size=size)
 
     base = make_model(args.model)
-    ours_model, ddp_model = copy.deepcopy(base), nn.parallel.DistributedDataParallel(copy.deepcopy(base))
+    ours_model, ddp_model = copy.deepcopy(base).to(args.device), copy.deepcopy(base).to(args.device)
+    ddp_model = nn.parallel.DistributedDataParallel(ddp_model)
     ours = hvd.DistributedOptimizer(torch.optim.SGD(ours_model.parameters(), lr=0.01, momentum=0.9),
                                     named_parameters=ours_model.named_parameters())
     theirs = torch.optim.SGD(ddp_model.parameters(), lr=0.01, momentum=0.9)
-    x, y = batch(args.model, args.batch_size, rank)
+    x, y = batch(args.model, args.batch_size, rank, args.device)
 
     def run(model: nn.Module, opt: torch.optim.Optimizer, steps: int) -> float:
         dist.barrier()  # both ranks start together
@@ -93,6 +106,7 @@ def main() -> None:
             opt.zero_grad()
             F.cross_entropy(model(x), y).backward()
             opt.step()
+        synchronized(args.device)
         return steps / (time.perf_counter() - start)
 
     run(ours_model, ours, args.warmup)
@@ -107,7 +121,8 @@ def main() -> None:
     if rank == 0:
         params = sum(p.numel() for p in base.parameters())
         print(f"model {args.model} ({params / 1e6:.1f} M parameters, {len(list(base.parameters()))} tensors), "
-              f"batch {args.batch_size} per rank, {size} ranks, {args.rounds} rounds of {args.steps} steps")
+              f"batch {args.batch_size} per rank, {size} ranks, {args.threads} thread(s) per rank on {args.device}, "
+              f"{args.rounds} rounds of {args.steps} steps")
         medians = {k: statistics.median(v) for k, v in rates.items()}
         for k, v in rates.items():
             print(f"{k:9s} {medians[k]:7.2f} steps/s  (rounds: {' '.join(f'{r:.2f}' for r in v)})")
@@ -117,8 +132,8 @@ def main() -> None:
         print(f"largest weight difference after training: {drift:.2e}")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"model": args.model, "ranks": size, "batch": args.batch_size, "rates": rates,
-                           "drift": drift}, f)
+                json.dump({"model": args.model, "ranks": size, "batch": args.batch_size, "threads": args.threads,
+                           "device": args.device, "rates": rates, "drift": drift}, f)
     dist.destroy_process_group()
 
 

@@ -70,15 +70,16 @@ def test_huge_pages_are_the_same_for_every_system():
     assert env["THP_MEM_ALLOC_ENABLE"] == env["NUMPY_MADVISE_HUGEPAGE"] == "1"
 
 
-@pytest.mark.parametrize("model", ["mlp", "mnist"])
-def test_torch_training_benchmark_runs_both_and_ends_identical(model):
+@pytest.mark.parametrize("model,threads", [("mlp", 1), ("mnist", 2)])
+def test_torch_training_benchmark_runs_both_and_ends_identical(model, threads):
     # benchmarks/torch_training.py, shortened: khorovod and DDP take the same steps (docs/performance.md).
     pytest.importorskip("torch")
     script = str(REPO / "benchmarks" / "torch_training.py")
     proc = subprocess.run([sys.executable, "-m", "horovod.runner.launch", "-np", "2", sys.executable, script,
-                           "--model", model, "--rounds", "2", "--steps", "2", "--warmup", "1"],
+                           "--model", model, "--rounds", "2", "--steps", "2", "--warmup", "1", "--threads", str(threads)],
                           capture_output=True, text=True, timeout=240, env=child_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"{threads} thread(s) per rank on cpu" in proc.stdout
     assert "ratio khorovod / DDP:" in proc.stdout
     assert "largest weight difference after training: 0.00e+00" in proc.stdout
 

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# What this 2-core, GPU-less development VM cannot show, run in one go on a bigger machine (the
+# device machine: 16 cores and a CUDA GPU, no network). Each step has its own time limit and
+# the log goes to $OUT/device.log, so a step that fails or runs long costs only itself.
+#
+#   bash scripts/device_check.sh                 # every step, from the repository root
+#   bash scripts/device_check.sh cuda mpi        # only these steps
+#
+# Steps: cuda (CUDA tensors through every collective, on 2 ranks sharing the GPU), mpi (the MPI
+# path against raw mpi4py at 4 and 2 ranks, and where its time goes), threads (torch training
+# with 1 and 4 intra-op threads per rank), fresh (20 fresh jobs), gpu-train (torch training on
+# the GPU), scaling (4 ranks with a core each). The machine's image has torch and mpi4py over
+# Debian's Open MPI; packages it lacks can travel as wheels in .whl/. The repository runs from
+# its checkout (PYTHONPATH), and horovodrun is `python -m horovod.runner.launch`.
+set -uo pipefail
+OUT=${OUT:-device-out}
+mkdir -p "$OUT"
+LOG="$OUT/device.log"
+PY=$(command -v python3)
+if compgen -G ".whl/*.whl" >/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+mkdir -p /tmp/hvdbin
+printf '#!/bin/sh\nexec %s -m horovod.runner.launch "$@"\n' "$PY" >/tmp/hvdbin/horovodrun
+chmod +x /tmp/hvdbin/horovodrun
+export PATH=/tmp/hvdbin:$PATH
+STEPS=" ${*:-cuda mpi threads fresh gpu-train scaling} "
+
+step() {  # step SECONDS TITLE COMMAND...: run one check under its own limit, logging it
+    local limit=$1 title=$2
+    shift 2
+    echo "=== $title ($(date +%T), load $(cut -d' ' -f1 /proc/loadavg)): $*" | tee -a "$LOG"
+    local start=$SECONDS
+    timeout -k 10 "$limit" "$@" 2>&1 | tee -a "$LOG"
+    echo "=== rc=${PIPESTATUS[0]} after $((SECONDS - start)) s" | tee -a "$LOG"
+}
+wanted() { [[ $STEPS == *" $1 "* ]]; }
+
+step 30 "machine" bash -c 'nproc; lscpu | grep -E "Model name|Thread|Core|Socket"; nvidia-smi -L;
+    python3 -c "import sys, torch, numpy; print(sys.version.split()[0], torch.__version__, numpy.__version__)";
+    python3 -c "import mpi4py; from mpi4py import MPI; print(\"mpi4py\", mpi4py.__version__, MPI.Get_library_version().splitlines()[0])";
+    command -v mpirun && mpirun --version | head -1'
+if wanted cuda; then
+    step 240 "CUDA tensors through every collective and DistributedOptimizer, 2 ranks on one GPU" \
+        "$PY" -m pytest -q -p no:cacheprovider tests/torch/test_torch_cuda.py
+fi
+if wanted gpu-train; then
+    step 120 "torch mlp against DDP on the GPU (gradients staged through host memory), 2 ranks" \
+        horovodrun -np 2 "$PY" benchmarks/torch_training.py --model mlp --device cuda --rounds 5
+fi
+if wanted mpi; then
+    for np in 4 2; do
+        step 150 "MPI path against raw mpi4py and the shm path, $np ranks with a core each" \
+            "$PY" -m horovod.benchmarks allreduce latency --np $np --systems khorovod:mpi,mpi,khorovod:shm \
+            --sizes 4K,1M,4M,16M --seconds 0.2 --repeat 3 --out-dir "$OUT/mpi-np$np"
+    done
+    step 90 "where the MPI path's time goes, 4 ranks" \
+        horovodrun --mpi -np 4 "$PY" benchmarks/mpi_overhead.py --sizes 4,1M --iters 300
+fi
+if wanted threads; then
+    for model in mlp cnn; do
+        for threads in 1 4; do
+            step 120 "torch $model against DDP, 2 ranks, $threads intra-op thread(s) per rank" \
+                horovodrun -np 2 "$PY" benchmarks/torch_training.py --model $model --threads $threads --rounds 5
+        done
+    done
+fi
+if wanted fresh; then
+    step 150 "fresh jobs, 20 of them, 4 KiB and 64 MiB" "$PY" benchmarks/fresh_jobs.py --jobs 20 --sizes 4K,64M
+fi
+if wanted scaling; then
+    step 120 "torch mlp against DDP, 4 ranks with a core each" \
+        horovodrun -np 4 "$PY" benchmarks/torch_training.py --model mlp --rounds 5
+fi
+echo "=== done $(date +%T)" | tee -a "$LOG"
