@@ -9,11 +9,12 @@
 Both run in the same job on the same ranks, with the same model, batch and optimizer, one
 intra-op thread per rank unless --threads says otherwise (with spare cores, communication can
 overlap the backward pass). On --device cuda the model and data live on the GPU: khorovod stages
-each gradient through host memory, DDP's gloo does the same with its own copies. They alternate in rounds (khorovod then DDP, then DDP then khorovod,
-...) so that whatever else the machine does hits both alike; the medians over rounds are
-compared, and so are the two measurements of each round (the per-round ratio). DDP talks gloo;
-its process group is set up inside the job horovodrun started. At the end the two models must
-hold the same weights: they took the same steps on the same data.
+each gradient through host memory, DDP's gloo does the same with its own copies. They alternate
+in rounds (khorovod then DDP, then DDP then khorovod, ...) so that whatever else the machine does
+hits both alike; the medians over rounds are compared, and so are the two measurements of each
+round (the per-round ratio). DDP talks gloo; its process group is set up inside the job
+horovodrun started. At the end the two models must hold the same weights: they took the same
+steps on the same data.
 """
 
 from __future__ import annotations
