@@ -15,7 +15,7 @@
 #
 # Session 10's times there (H100 machine): machine 8 s, cuda 25 s, gpu-train 14 s, mpi 190 s,
 # threads 85 s, fresh 124 s, scaling 18 s: about 8 minutes for everything, plus the machine's
-# start (under a minute), which fits one call of a 15-minute lease with room for a re-run.
+# start (under a minute): one call of a 15-minute lease, with room to re-run a step or two.
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
