@@ -76,7 +76,8 @@ def test_torch_training_benchmark_runs_both_and_ends_identical(model, threads):
     pytest.importorskip("torch")
     script = str(REPO / "benchmarks" / "torch_training.py")
     proc = subprocess.run([sys.executable, "-m", "horovod.runner.launch", "-np", "2", sys.executable, script,
-                           "--model", model, "--rounds", "2", "--steps", "2", "--warmup", "1", "--threads", str(threads)],
+                           "--model", model, "--rounds", "2", "--steps", "2", "--warmup", "1",
+                           "--threads", str(threads)],
                           capture_output=True, text=True, timeout=240, env=child_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"{threads} thread(s) per rank on cpu" in proc.stdout

@@ -2,7 +2,7 @@
 and hands back tensors on the caller's device with the same values the CPU path gives.
 
 These need a CUDA device; CI has none, so there they skip, saying so. They ran on the device
-machine (an H100) through scripts/device_check.sh; docs/torch.md has the run.
+machine (an H100) through scripts/device_check.sh; docs/performance.md has the run.
 """
 
 import pytest
