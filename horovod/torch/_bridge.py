@@ -107,7 +107,7 @@ def start(kind: str, tensors: Sequence[torch.Tensor], grouped: bool = False, inp
         if inplace:
             for tensor, host in zip(tensors, hosts):
                 if host is not tensor:  # staged: the core wrote the result into `host`
-                    tensor.detach().copy_(host, non_blocking=host.is_pinned())  # detach: a parameter too
+                    tensor.detach().copy_(host, non_blocking=tensor.is_cuda)  # CUDA: `host` is pinned
                 increment_version(tensor)
             outputs: list[Any] = list(tensors)
         elif kind == "alltoall":
