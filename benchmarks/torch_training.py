@@ -4,17 +4,17 @@
     horovodrun -np 2 python benchmarks/torch_training.py --model cnn --batch-size 32
     horovodrun -np 2 python benchmarks/torch_training.py --model mnist --steps 50
     horovodrun -np 2 python benchmarks/torch_training.py --threads 4     # on a machine with the cores
-    horovodrun -np 2 python benchmarks/torch_training.py --device cuda   # both ranks on the GPU
+    horovodrun -np 2 python benchmarks/torch_training.py --device cuda   # on the GPU: NCCL against DDP's NCCL
 
 Both run in the same job on the same ranks, with the same model, batch and optimizer, one
 intra-op thread per rank unless --threads says otherwise (with spare cores, communication can
-overlap the backward pass). On --device cuda the model and data live on the GPU: khorovod stages
-each gradient through host memory, DDP's gloo does the same with its own copies. They alternate
-in rounds (khorovod then DDP, then DDP then khorovod, ...) so that whatever else the machine does
-hits both alike; the medians over rounds are compared, and so are the two measurements of each
-round (the per-round ratio). DDP talks gloo; its process group is set up inside the job
-horovodrun started. At the end the two models must hold the same weights: they took the same
-steps on the same data.
+overlap the backward pass). On --device cuda the model and data live on the GPU, and both
+reduce gradients with NCCL (DDP over `--ddp-backend nccl`, its default there; gloo stages
+through host memory). They alternate in rounds (khorovod then DDP, then DDP then khorovod, ...)
+so that whatever else the machine does hits both alike; the medians over rounds are compared,
+and so are the two measurements of each round (the per-round ratio). DDP's process group is set
+up inside the job horovodrun started. At the end the two models must hold the same weights: they
+took the same steps on the same data.
 """
 
 from __future__ import annotations
@@ -82,15 +82,19 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="steps of each before timing")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads per rank")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--ddp-backend", choices=["gloo", "nccl"], help="default: nccl on cuda, else gloo")
     parser.add_argument("--json", metavar="PATH", help="rank 0 also writes the rates here (benchmarks/scaling.py)")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
+    if args.device == "cuda":
+        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+    backend = args.ddp_backend or ("nccl" if args.device == "cuda" else "gloo")
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(hvd.broadcast_object(free_port() if rank == 0 else None, root_rank=0))
-    dist.init_process_group("gloo", rank=rank, world_size=size)
+    dist.init_process_group(backend, rank=rank, world_size=size)
 
     base = make_model(args.model)
     ours_model, ddp_model = copy.deepcopy(base).to(args.device), copy.deepcopy(base).to(args.device)
@@ -123,6 +127,7 @@ def main() -> None:
         params = sum(p.numel() for p in base.parameters())
         print(f"model {args.model} ({params / 1e6:.1f} M parameters, {len(list(base.parameters()))} tensors), "
               f"batch {args.batch_size} per rank, {size} ranks, {args.threads} thread(s) per rank on {args.device}, "
+              f"DDP over {backend}, "
               f"{args.rounds} rounds of {args.steps} steps")
         medians = {k: statistics.median(v) for k, v in rates.items()}
         for k, v in rates.items():

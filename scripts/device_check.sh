@@ -3,10 +3,13 @@
 # device machine: 16 cores and a CUDA GPU, no network). Each step has its own time limit and
 # the log goes to $OUT/device.log, so a step that fails or runs long costs only itself.
 #
-#   bash scripts/device_check.sh                 # every step, from the repository root
-#   bash scripts/device_check.sh cuda mpi        # only these steps
+#   bash scripts/device_check.sh                 # the GPU step (nccl), from the repository root
+#   bash scripts/device_check.sh nccl mpi        # only these steps
 #
-# Steps: cuda (CUDA tensors through every collective, on 2 ranks sharing the GPU), mpi (the MPI
+# Steps: nccl (the NCCL device path, about 5 minutes: NCCL's version, a smoke test that finds
+# how two ranks may share the one GPU, the CUDA tests on both device routes, a rank killed
+# mid-allreduce, busbw against torch.distributed's NCCL, training against DDP over NCCL),
+# cuda (the CUDA tests alone), mpi (the MPI
 # path against raw mpi4py at 4 and 2 ranks, and where its time goes), threads (torch training
 # with 1 and 4 intra-op threads per rank), fresh (20 fresh jobs), gpu-train (torch training on
 # the GPU), scaling (4 ranks with a core each). The machine's image has torch and mpi4py over
@@ -30,7 +33,7 @@ mkdir -p /tmp/hvdbin
 printf '#!/bin/sh\nexec %s -m horovod.runner.launch "$@"\n' "$PY" >/tmp/hvdbin/horovodrun
 chmod +x /tmp/hvdbin/horovodrun
 export PATH=/tmp/hvdbin:$PATH
-STEPS=" ${*:-cuda mpi threads fresh gpu-train scaling} "
+STEPS=" ${*:-nccl} "
 
 step() {  # step SECONDS TITLE COMMAND...: run one check under its own limit, logging it
     local limit=$1 title=$2
@@ -46,6 +49,45 @@ step 30 "machine" bash -c 'nproc; lscpu | grep -E "Model name|Thread|Core|Socket
     python3 -c "import sys, torch, numpy; print(sys.version.split()[0], torch.__version__, numpy.__version__)";
     python3 -c "import mpi4py; from mpi4py import MPI; print(\"mpi4py\", mpi4py.__version__, MPI.Get_library_version().splitlines()[0])";
     command -v mpirun && mpirun --version | head -1'
+if wanted nccl; then
+    step 60 "NCCL: versions and the build check" bash -c '"$0" -c "import torch; print(\"torch\", torch.__version__, \"NCCL in torch\", torch.cuda.nccl.version())";
+        "$0" -c "from horovod.common import basics; from horovod.common.transport.nccl import library; from horovod.common.settings import Settings; print(\"khorovod finds\", library.find(Settings.from_env()), basics.nccl_built())";
+        "$0" -m horovod.runner.launch --check-build' "$PY"
+    # Two ranks on one GPU: NCCL before 2.30 refuses them unless each rank looks like a host of
+    # its own (its own NCCL_HOSTID, sockets on loopback). Find the first environment that works.
+    cat >/tmp/smoke.py <<'PYEOF'
+import os, torch, horovod.torch as hvd
+from horovod.common import basics
+hvd.init()
+torch.cuda.set_device(0)
+x = torch.full((1 << 20,), float(hvd.rank() + 1), device="cuda")
+y = hvd.allreduce(x, op=hvd.Sum)
+torch.cuda.synchronize()
+print("rank", hvd.rank(), "sum", y[0].item(), "routes", basics.runtime().engine.cycle.executor.device.routes,
+      "NCCL_HOSTID", os.environ.get("NCCL_HOSTID"), flush=True)
+assert y[0].item() == 3.0
+PYEOF
+    : >/tmp/nccl_env
+    for variant in "NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1" \
+                   "NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket" \
+                   "NCCL_MULTI_RANK_GPU_ENABLE=1 NONE=1"; do
+        if [[ $variant == *MULTI_RANK* ]]; then own=""; else own="NCCL_HOSTID=khorovod-\$HOROVOD_RANK"; fi
+        step 90 "NCCL smoke test: 2 ranks on the GPU with $variant $own" \
+            env NCCL_DEBUG=WARN $variant horovodrun -np 2 sh -c "$own exec $PY /tmp/smoke.py"
+        if grep -q "routes {(0, 1): ''}" "$LOG"; then echo "$variant" >/tmp/nccl_env; echo "$own" >/tmp/nccl_own; break; fi
+    done
+    NCCL_ENV=$(cat /tmp/nccl_env); OWN=$(cat /tmp/nccl_own 2>/dev/null)
+    echo "=== NCCL environment that works: ${NCCL_ENV:-none} ${OWN}" | tee -a "$LOG"
+    step 240 "CUDA tests: every collective and dtype against the CPU, DistributedOptimizer, a killed rank; NCCL and staged routes" \
+        env KHOROVOD_TEST_NCCL_ENV="$NCCL_ENV" "$PY" -m pytest -q -s -p no:cacheprovider tests/torch/test_torch_cuda.py \
+        tests/unit/test_device_pieces.py
+    step 150 "allreduce busbw, khorovod's NCCL path against torch.distributed NCCL, 2 ranks" \
+        env $NCCL_ENV horovodrun -np 2 sh -c "$OWN exec $PY benchmarks/nccl_busbw.py --rounds 3 --json $OUT/busbw.json"
+    for model in mlp cnn; do
+        step 90 "torch $model training on the GPU against DDP over NCCL, 2 ranks" \
+            env $NCCL_ENV horovodrun -np 2 sh -c "$OWN exec $PY benchmarks/torch_training.py --model $model --device cuda --rounds 5"
+    done
+fi
 if wanted cuda; then
     step 240 "CUDA tensors through every collective and DistributedOptimizer, 2 ranks on one GPU" \
         "$PY" -m pytest -q -p no:cacheprovider tests/torch/test_torch_cuda.py

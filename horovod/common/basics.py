@@ -267,7 +267,12 @@ def mpi_threads_supported() -> bool:
 
 
 def nccl_built() -> int:
-    return 0
+    """NCCL's version code (e.g. 22803 for 2.28.3) where a libnccl loads, else 0. Found as the
+    device transport finds it (`HOROVOD_NCCL_LIB`, the GPU frameworks' wheels, the copy loaded)."""
+    from horovod.common.transport.nccl import library
+
+    rt = _state.peek()
+    return library.find(rt.settings if rt is not None else Settings.from_env()).version
 
 
 def ccl_built() -> bool:
@@ -279,7 +284,10 @@ def ddl_built() -> bool:
 
 
 def cuda_built() -> bool:
-    return False
+    """True where the CUDA runtime library loads: device tensors can then be moved."""
+    from horovod.common.device.cuda_runtime import find_library
+
+    return find_library() is not None
 
 
 def rocm_built() -> bool:

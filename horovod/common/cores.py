@@ -16,10 +16,11 @@ def cores_per_rank(local_size: int) -> float:
     return allowed / max(local_size, 1) if allowed == os.cpu_count() else float(allowed)
 
 
-def overlap_backward(choice: bool | None, local_size: int) -> bool:
+def overlap_backward(choice: bool | None, local_size: int, on_device: bool = False) -> bool:
     """Whether an adapter submits each gradient while backward still runs: as the user's setting
-    says (`HOROVOD_TORCH_OVERLAP_BACKWARD`, `HOROVOD_TF_OVERLAP_BACKWARD`), else where a rank has
-    two cores of its own or more."""
+    says (`HOROVOD_TORCH_OVERLAP_BACKWARD`, `HOROVOD_TF_OVERLAP_BACKWARD`), else for gradients on
+    a GPU (the reduction runs there, not on backward's core), else where a rank has two cores of
+    its own or more."""
     if choice is not None:
         return choice
-    return cores_per_rank(local_size) >= 2
+    return on_device or cores_per_rank(local_size) >= 2

@@ -8,6 +8,11 @@ class HorovodInternalError(RuntimeError):
     """
 
 
+class DeviceError(RuntimeError):
+    """The GPU side failed: a CUDA runtime or NCCL call returned an error (khorovod's own type;
+    collectives report it as HorovodInternalError, naming the call and the library's message)."""
+
+
 class HostsUpdatedInterrupt(RuntimeError):
     """Hosts were added or removed; workers interrupt to re-form the ring.
 

@@ -1,8 +1,9 @@
-"""The framework-neutral collective API: enqueue numpy arrays, get a `Handle` back.
+"""The framework-neutral collective API: enqueue buffers, get a `Handle` back.
 
-Every framework adapter turns its tensors into numpy arrays that share memory with them (no
-copy), calls these functions, and wraps the handle. Argument errors that one rank can see on
-its own raise `ValueError` here, on the calling rank, before anything is sent.
+Every framework adapter turns its tensors into buffers that share memory with them (no copy):
+numpy arrays for host memory, `DeviceBuffer`s for GPU memory. It calls these functions and
+wraps the handle. Argument errors that one rank can see on its own raise `ValueError` here, on
+the calling rank, before anything is sent.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from horovod.common import basics
+from horovod.common.device import events
+from horovod.common.device.buffers import Buffer, DeviceBuffer, device_of
 from horovod.common.engine.handles import Entry, Handle
 from horovod.common.engine.messages import OpType, Request
 from horovod.common.exceptions import HorovodInternalError
@@ -36,6 +39,8 @@ _KINDS = {op_type: op_type.name.lower() for op_type in OpType}
 
 def _check_array(array: object, op: str, name: str) -> str:
     """Refuse what the core cannot move; returns the array's dtype name (for its Request)."""
+    if isinstance(array, DeviceBuffer):
+        return array.dtype  # its bridge validated it
     if not isinstance(array, np.ndarray):
         raise ValueError(f"{op} {name}: expected a numpy array, got {type(array).__name__}")
     if not array.flags.c_contiguous:
@@ -47,6 +52,19 @@ def _check_array(array: object, op: str, name: str) -> str:
         raise ValueError(f"{op} {name}: {exc}") from None
 
 
+def _where(device: int) -> str:
+    return "host memory" if device < 0 else f"CUDA device {device}"
+
+
+def _check_one_memory(tensors: Sequence[Buffer], kind: str, name: str) -> None:
+    """A grouped call's tensors travel as one unit: all in host memory, or all on one device."""
+    devices = [device_of(t) for t in tensors]
+    if len(set(devices)) > 1:
+        other = next(i for i, d in enumerate(devices) if d != devices[0])
+        raise ValueError(f"grouped {kind} {name}: tensor 0 is in {_where(devices[0])} but tensor {other} is in "
+                         f"{_where(devices[other])}; pass the tensors of one device per call")
+
+
 def _check_reduce(op: int, dtype: str, kind: str, name: str, rt: basics.Runtime, process_set: ProcessSet) -> None:
     check_reducible(dtype, op)
     if op == Adasum:  # every member sees the same set and hosts, so each raises the same error
@@ -55,11 +73,31 @@ def _check_reduce(op: int, dtype: str, kind: str, name: str, rt: basics.Runtime,
             raise NotImplementedError(f"{kind} {name}: {error}")
 
 
-def _request(rt: basics.Runtime, op_type: OpType, name: str, array: np.ndarray | None = None, dtype: str = "",
+def _request(rt: basics.Runtime, op_type: OpType, name: str, array: Buffer | None = None, dtype: str = "",
              **fields: object) -> Request:
-    """This rank's Request for `array` (of dtype name `dtype`); a bare one for ops without data."""
+    """This rank's Request for `array` (of dtype name `dtype`); a bare one for ops without data.
+    A device buffer's readiness is recorded on its stream here, at submission."""
+    if isinstance(array, DeviceBuffer):
+        events.mark_ready(array)
+        fields["device"] = array.device
     return Request(rt.settings.topology.rank, op_type, name, dtype,
                    array.shape if array is not None else (), **fields)  # type: ignore[arg-type]
+
+
+def _empty_like(array: Buffer, shape: tuple[int, ...] | None = None) -> Buffer:
+    """A new buffer of `array`'s dtype and memory (and of its shape unless given)."""
+    shape = array.shape if shape is None else shape
+    if isinstance(array, DeviceBuffer):
+        return array.allocate(shape)
+    return np.empty(shape, array.dtype)
+
+
+def _same_layout(output: Buffer, tensor: Buffer) -> bool:
+    if isinstance(tensor, DeviceBuffer):
+        return (isinstance(output, DeviceBuffer) and output.shape == tensor.shape and output.dtype == tensor.dtype
+                and output.device == tensor.device)
+    return (isinstance(output, np.ndarray) and output.shape == tensor.shape and output.dtype == tensor.dtype
+            and output.flags.c_contiguous)
 
 
 def grouped_allreduce_async(tensors: Sequence[np.ndarray], name: str | None = None, op: int = Average,
@@ -93,6 +131,8 @@ def _entries(rt: basics.Runtime, op_type: OpType, tensors: Sequence[np.ndarray],
     makes the checks particular to the op and returns the output array (None: the engine
     allocates it) and the extra Request fields."""
     kind = _KINDS[op_type]
+    if grouped and len(tensors) > 1:
+        _check_one_memory(tensors, kind, names[0])
     handle = Handle(len(tensors), grouped, names[0] if names else f"grouped_{kind}")
     entries = []
     for i, (tensor, name) in enumerate(zip(tensors, names)):
@@ -109,9 +149,8 @@ def _allreduce_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names:
                        outputs: Sequence[np.ndarray] | None, grouped: bool) -> Handle:
     def prepare(i: int, tensor: np.ndarray, name: str, dtype: str) -> tuple[np.ndarray, dict[str, Any]]:
         _check_reduce(op, dtype, "allreduce", name, rt, process_set)
-        output = outputs[i] if outputs is not None else np.empty_like(tensor)
-        if output is not tensor and (output.shape != tensor.shape or output.dtype != tensor.dtype
-                                     or not output.flags.c_contiguous):
+        output = outputs[i] if outputs is not None else _empty_like(tensor)
+        if output is not tensor and not _same_layout(output, tensor):
             raise ValueError(f"allreduce {name}: the output must be a contiguous array of the input's "
                              f"shape and dtype ({tensor.shape}, {tensor.dtype})")
         return output, {"reduce_op": op, "prescale": float(prescale), "postscale": float(postscale)}
@@ -153,7 +192,7 @@ def broadcast_async(tensor: np.ndarray, root_rank: int, name: str | None = None,
     process_set.require_registered()
     if root_rank not in process_set.ranks:
         raise ValueError(f"broadcast {full_name}: root_rank {root_rank} is not a member of {process_set}")
-    output = np.empty_like(tensor) if output is None else output
+    output = _empty_like(tensor) if output is None else output
     handle = Handle(1, False, full_name)
     request = _request(rt, OpType.BROADCAST, full_name, tensor, dtype, root_rank=int(root_rank))
     rt.submit(process_set, [Entry(request, tensor, output, handle)])
@@ -231,7 +270,7 @@ def _reducescatter_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], na
         if tensor.ndim == 0:
             raise ValueError(f"reducescatter {name}: cannot scatter a rank-zero tensor; reshape it to [1]")
         rows = block_size(tensor.shape[0], n, me)
-        output = np.empty((rows,) + tensor.shape[1:], tensor.dtype)
+        output = _empty_like(tensor, (rows,) + tuple(tensor.shape[1:]))
         return output, {"reduce_op": op, "prescale": float(prescale), "postscale": float(postscale)}
 
     return _entries(rt, OpType.REDUCESCATTER, tensors, names, process_set, grouped, prepare)

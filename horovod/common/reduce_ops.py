@@ -24,6 +24,9 @@ except ImportError:  # pragma: no cover - depends on the environment
 # Every dtype a collective moves, in the order error messages list them; each framework's bridge
 # maps these names onto its own dtypes.
 DTYPE_NAMES = ("uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64", "bool")
+# Bytes per element, by name (bfloat16 included, with or without ml_dtypes).
+DTYPE_SIZES = {"uint8": 1, "int8": 1, "int16": 2, "int32": 4, "int64": 8, "float16": 2, "bfloat16": 2,
+               "float32": 4, "float64": 8, "bool": 1}
 SUPPORTED_DTYPES: dict[str, np.dtype] = {
     name: BFLOAT16 if name == "bfloat16" else np.dtype(name)
     for name in DTYPE_NAMES if name != "bfloat16" or BFLOAT16 is not None

@@ -121,6 +121,26 @@ class AutotuneSettings:
         )
 
 
+GPU_OPERATION_NAMES = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
+
+
+@dataclass(frozen=True)
+class GpuOperations:
+    """Per collective, which transport moves device memory: "nccl" or "host"."""
+
+    allreduce: str = "nccl"
+    allgather: str = "nccl"
+    broadcast: str = "nccl"
+    alltoall: str = "nccl"
+    reducescatter: str = "nccl"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "GpuOperations":
+        every = (env.get("HOROVOD_GPU_OPERATIONS") or "nccl").strip().lower()
+        chosen = {op: (env.get(f"HOROVOD_GPU_{op.upper()}") or every).strip().lower() for op in GPU_OPERATION_NAMES}
+        return cls(**{op: "nccl" if value == "nccl" else "host" for op, value in chosen.items()})
+
+
 @dataclass(frozen=True)
 class Settings:
     # From `from_env`: the slot as the launcher's HOROVOD_* variables describe it (what the `env`
@@ -148,6 +168,17 @@ class Settings:
     dynamic_process_sets: bool = False
     elastic: bool = False
     cpu_operations: str = "auto"
+    # Which transport takes each collective on device (CUDA) memory: "nccl" (the default), or
+    # "host" (staged through host memory to the CPU transport). HOROVOD_GPU_OPERATIONS sets all,
+    # HOROVOD_GPU_ALLREDUCE and its siblings one each; Horovod's MPI/DDL/CCL values mean "host".
+    gpu_operations: GpuOperations = field(default_factory=lambda: GpuOperations())
+    # Where libnccl.so.2 is, when not where the GPU frameworks installed it (HOROVOD_NCCL_LIB: the
+    # file; HOROVOD_NCCL_HOME: the folder holding lib/).
+    nccl_lib: str | None = None
+    # NCCL's own variables that decide whether two ranks of one host may share a GPU (we report
+    # such a pair clearly, before NCCL would): NCCL_HOSTID and NCCL_MULTI_RANK_GPU_ENABLE.
+    nccl_hostid: str = ""
+    nccl_multi_rank_gpu: bool = False
     # khorovod extension (HOROVOD_CPU_BINDING=0 to turn off): each rank of a host on its own share
     # of the cores, where nobody placed the processes already (transport/shm/placement.py).
     cpu_binding: bool = True
@@ -219,6 +250,10 @@ class Settings:
             dynamic_process_sets=_flag(env, "HOROVOD_DYNAMIC_PROCESS_SETS"),
             elastic=_flag(env, "HOROVOD_ELASTIC"),
             cpu_operations=(env.get("HOROVOD_CPU_OPERATIONS") or "auto").strip().lower(),
+            gpu_operations=GpuOperations.from_env(env),
+            nccl_lib=env.get("HOROVOD_NCCL_LIB") or env.get("HOROVOD_NCCL_HOME") or None,
+            nccl_hostid=env.get("NCCL_HOSTID", ""),
+            nccl_multi_rank_gpu=env.get("NCCL_MULTI_RANK_GPU_ENABLE", "") == "1",
             cpu_binding=_flag(env, "HOROVOD_CPU_BINDING", True),
             tf_overlap_backward=tristate("HOROVOD_TF_OVERLAP_BACKWARD"),
             torch_overlap_backward=tristate("HOROVOD_TORCH_OVERLAP_BACKWARD"),

@@ -12,6 +12,7 @@ import importlib.util
 from typing import Callable
 
 from horovod.common import mpi_library
+from horovod.common.transport.nccl.library import version_string
 from horovod.runner.launchers.mpirun import find_mpirun
 from horovod.version import __version__
 
@@ -42,14 +43,24 @@ def _mpi_runs() -> bool:
     return mpi_library.usable()
 
 
-def report(installed: Callable[[str], bool] = _installed, mpi_runs: Callable[[], bool] = _mpi_runs) -> str:
-    """The checklist text; `installed` and `mpi_runs` are injectable so tests need not install them."""
+def _nccl_version() -> int:
+    from horovod.common.basics import nccl_built
+
+    return nccl_built()
+
+
+def report(installed: Callable[[str], bool] = _installed, mpi_runs: Callable[[], bool] = _mpi_runs,
+           nccl_version: Callable[[], int] = _nccl_version) -> str:
+    """The checklist text; `installed`, `mpi_runs` and `nccl_version` are injectable so tests
+    need not install them."""
     have_mpi = installed("mpi4py") and mpi_runs()
+    nccl = nccl_version()
     sections = [
         ("Available Frameworks", [(label, installed(fw) and installed(adapter))
                                   for label, fw, adapter in _FRAMEWORKS]),
         ("Available Controllers", [("MPI", have_mpi), ("Gloo", True)]),
-        ("Available Tensor Operations", [("NCCL", False), ("DDL", False), ("CCL", False),
+        ("Available Tensor Operations", [(f"NCCL {version_string(nccl)}" if nccl else "NCCL", bool(nccl)),
+                                         ("DDL", False), ("CCL", False),
                                          ("MPI", have_mpi), ("Gloo", True)]),
     ]
     parts = [f"Horovod v{__version__}:"]

@@ -1,16 +1,16 @@
-"""torch tensors <-> the host buffers the core moves: the one path every torch collective takes.
+"""torch tensors <-> the buffers the core moves: the one path every torch collective takes.
 
-* `host_tensor` gives the CPU tensor the core works on and `host_array` the numpy array over it.
-  A CPU tensor is *not copied*: the array shares its memory (bfloat16 travels as an
-  `ml_dtypes.bfloat16` view of the same bytes). A CUDA tensor is staged through a copy in
-  page-locked host memory until a GPU transport exists: that copy is one DMA, where a pageable
-  one goes through a bounce buffer at a fraction of the speed, and an in-place result goes back to
-  the GPU without the host waiting for it. torch's caching host allocator recycles the blocks (and
-  keeps a block until the copies queued on it are done), so staging allocates nothing once warm.
-* `start` submits the arrays to `horovod.common.ops` and returns a `Pending` whose `wait()` turns
-  the core's result back into tensors (again without copying on CPU). In-place variants let the
-  core write the result straight into the tensor's memory. `run` submits and waits, with this
-  thread running the engine meanwhile.
+* `buffer` validates a tensor once and gives the core its memory without a copy: a CPU tensor
+  as the numpy array over its memory (bfloat16 as an `ml_dtypes.bfloat16` view of the same
+  bytes), a CUDA tensor as a `DeviceBuffer` (its `data_ptr`, and the current stream, where it is
+  ready and where its result will be). The core runs device collectives on NCCL, or stages them
+  through host memory itself. Outputs whose size only negotiation tells are allocated by torch's
+  caching allocator on the caller's stream.
+* `start` submits the buffers to `horovod.common.ops` and returns a `Pending` whose `wait()` turns
+  the core's result back into tensors (again without copying). In-place variants let the core
+  write the result straight into the tensor's memory. `run` submits and waits, with this thread
+  running the engine meanwhile. A CUDA result is ready on the caller's stream when `wait()`
+  returns: the stream waits for the collective's event; the host does not.
 """
 
 from __future__ import annotations
@@ -23,11 +23,13 @@ from torch.autograd.graph import increment_version
 
 from horovod.common import basics, ops
 from horovod.common.collective_rules import CORE_CALLS
+from horovod.common.device.buffers import Buffer, DeviceBuffer
 from horovod.common.process_sets import ProcessSet
 from horovod.common.reduce_ops import BFLOAT16, DTYPE_NAMES, is_bfloat16
 
 SUPPORTED_DTYPES = tuple(getattr(torch, name) for name in DTYPE_NAMES)
 _SUPPORTED = frozenset(SUPPORTED_DTYPES)  # every op asks: a set lookup, not a scan of the tuple
+_NAME_OF = {getattr(torch, name): name for name in DTYPE_NAMES}
 
 
 def _what(op: str, name: str | None) -> str:
@@ -35,8 +37,8 @@ def _what(op: str, name: str | None) -> str:
     return f"{op} {name}" if name else op
 
 
-def host_tensor(tensor: torch.Tensor, op: str, name: str | None) -> torch.Tensor:
-    """The CPU tensor the core works on: `tensor` itself on CPU, a staged host copy otherwise."""
+def checked(tensor: torch.Tensor, op: str, name: str | None) -> torch.Tensor:
+    """`tensor`, once it is known that the core can move it (else ValueError, saying why)."""
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{_what(op, name)}: expected a torch.Tensor, got {type(tensor).__name__}")
     dtype = tensor.dtype  # each read builds the answer again: once per op
@@ -49,13 +51,28 @@ def host_tensor(tensor: torch.Tensor, op: str, name: str | None) -> torch.Tensor
                          "sparse_allreduce_async for sparse tensors")
     if not tensor.is_contiguous():
         raise ValueError(f"{_what(op, name)}: the tensor is not contiguous; pass tensor.contiguous()")
+    return tensor
+
+
+def buffer(tensor: torch.Tensor) -> Buffer:
+    """The core's view of a checked tensor's memory: a numpy array on CPU, a DeviceBuffer on CUDA."""
     if tensor.is_cpu:  # `is_cpu`, not `device.type`: a sixth of the cost, on every op
-        return tensor
-    if not tensor.is_cuda:
-        return tensor.cpu()
-    staged = torch.empty(tensor.shape, dtype=dtype, pin_memory=True)
-    staged.copy_(tensor.detach())  # waits for the kernels that compute `tensor`: the core reads it next
-    return staged
+        return host_array(tensor)
+    if tensor.is_cuda:
+        return device_buffer(tensor, torch.cuda.current_stream(tensor.device))
+    return host_array(tensor.cpu())  # another accelerator: through host memory
+
+
+def device_buffer(tensor: torch.Tensor, stream: torch.cuda.Stream) -> DeviceBuffer:
+    """A CUDA tensor as the core sees it; `stream` is where it is ready and its result is awaited."""
+
+    def allocate(shape: tuple[int, ...]) -> DeviceBuffer:
+        with torch.cuda.stream(stream):  # the block belongs to the stream that will use it
+            out = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+        return device_buffer(out, stream)
+
+    return DeviceBuffer(tensor.data_ptr(), tuple(tensor.shape), _NAME_OF[tensor.dtype], tensor.element_size(),
+                        tensor.device.index, stream.cuda_stream, tensor, allocate)
 
 
 def host_array(tensor: torch.Tensor) -> np.ndarray:
@@ -67,8 +84,10 @@ def host_array(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
-def to_tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    """A tensor on `device` holding `array` (sharing its memory when the device is the CPU)."""
+def to_tensor(array: Buffer, device: torch.device) -> torch.Tensor:
+    """A tensor on `device` holding the core's result (sharing its memory where it is there)."""
+    if isinstance(array, DeviceBuffer):
+        return array.owner
     if is_bfloat16(array.dtype):
         tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     else:
@@ -95,8 +114,7 @@ class Pending:
 def start(kind: str, tensors: Sequence[torch.Tensor], grouped: bool = False, inplace: bool = False,
           **kwargs: Any) -> Pending:
     """Submit `tensors` to the core's collective `kind`; the one path every collective here takes."""
-    hosts = [host_tensor(t, kind, kwargs.get("name")) for t in tensors]
-    arrays = [host_array(h) for h in hosts]
+    arrays = [buffer(checked(t, kind, kwargs.get("name"))) for t in tensors]
     if inplace:
         kwargs["outputs" if grouped else "output"] = arrays if grouped else arrays[0]
     single, group = CORE_CALLS[kind]
@@ -105,9 +123,9 @@ def start(kind: str, tensors: Sequence[torch.Tensor], grouped: bool = False, inp
     def finish(result: Any) -> Any:
         results = result if grouped else [result]
         if inplace:
-            for tensor, host in zip(tensors, hosts):
-                if host is not tensor:  # staged: the core wrote the result into `host`
-                    tensor.detach().copy_(host, non_blocking=tensor.is_cuda)  # CUDA: `host` is pinned
+            for tensor, array in zip(tensors, arrays):
+                if not tensor.is_cpu and not tensor.is_cuda:  # another accelerator: the core wrote a host copy
+                    tensor.detach().copy_(to_tensor(array, torch.device("cpu")))
                 increment_version(tensor)
             outputs: list[Any] = list(tensors)
         elif kind == "alltoall":

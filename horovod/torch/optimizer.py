@@ -20,6 +20,8 @@ from backward, and each allreduce then needs the peer's engine thread to get its
 same moment, so it waits on the scheduler. There the hooks only mark the gradients ready and
 `synchronize()` submits them all at once from the thread that then drives the reduction itself
 (measured in docs/performance.md). The sums are the same; only when they run changes.
+Gradients on a GPU always overlap: their allreduce is queued on NCCL's stream as each bucket
+fills, as DDP's buckets are, and `step()` waits on its events, not on the host.
 `HOROVOD_TORCH_OVERLAP_BACKWARD` overrides that rule (`Settings.torch_overlap_backward`, a
 khorovod extension): `1` submits every bucket from its hook whatever the cores, `0` never does.
 
@@ -89,7 +91,8 @@ class _DistributedOptimizer:
         process_set = reducer.process_set
         settings = Settings.from_env()
         self._active = bool(process_set.included()) and (basics.size() > 1 or settings.elastic)
-        self._overlap = overlap_backward(settings.torch_overlap_backward, basics.local_size())  # module docstring
+        self._overlap = overlap_backward(settings.torch_overlap_backward, basics.local_size(),
+                                         on_device=any(p.is_cuda for p in params))  # module docstring
         if self._active:
             self._register_hooks(params)
 

@@ -155,7 +155,7 @@ def test_too_many_processes_is_reported(capsys):
 
 def test_check_build_format():
     have = {"torch", "horovod.torch", "tensorflow", "mpi4py"}
-    assert check_build.report(lambda name: name in have, mpi_runs=lambda: True) == (
+    assert check_build.report(lambda name: name in have, mpi_runs=lambda: True, nccl_version=lambda: 0) == (
         f"Horovod v{__version__}:\n\n"
         "Available Frameworks:\n"
         "    [ ] TensorFlow\n"  # the framework is there but our adapter is not
@@ -171,6 +171,8 @@ def test_check_build_format():
         "    [X] MPI\n"
         "    [X] Gloo"
     )
+    with_nccl = check_build.report(lambda name: name in have, mpi_runs=lambda: True, nccl_version=lambda: 22803)
+    assert "    [X] NCCL 2.28.3\n" in with_nccl
 
 
 def test_check_build_needs_no_np(capsys):

@@ -54,6 +54,10 @@ def validate(name: str, requests: dict[int, Request], members: tuple[int, ...], 
     message = differ("data types", lambda r: r.dtype, "Cast the tensor to the same dtype on every rank.")
     if message:
         return message
+    message = differ("CPU/GPU device selection", lambda r: "GPU" if r.device >= 0 else "CPU",
+                     "Every rank must pass the tensor in the same kind of memory (all on CPU, or all on GPU).")
+    if message:
+        return message
     joined = sorted(joined)
     if joined and first.op_type != OpType.ALLREDUCE:
         return (f"{op_name} {name}: not supported while ranks {joined} have called join(); only allreduce "
@@ -148,7 +152,8 @@ class Coordinator:
         first = requests[min(requests)]
         op = first.op_type
         response = Response(op, [name], first.dtype, [first.shape], root_rank=first.root_rank,
-                            reduce_op=first.reduce_op, prescale=first.prescale, postscale=first.postscale)
+                            reduce_op=first.reduce_op, prescale=first.prescale, postscale=first.postscale,
+                            on_device=int(first.device >= 0))
         if op == OpType.ALLGATHER:
             response.first_dims = [[requests[m].shape[0] for m in self.members]]
         elif op == OpType.ALLTOALL:

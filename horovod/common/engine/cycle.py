@@ -47,7 +47,7 @@ class Cycle:
         self.transport = transport
         self.rank = transport.rank
         self.timeline = timeline
-        self.executor = Executor(transport, settings.fusion_threshold, self.timeline)
+        self.executor = Executor(transport, settings, self.timeline)
         self.sets = sets
         self.shutdown = shutdown
         self._on_fatal = on_fatal  # a coordinator's fatal decision (stall shutdown) ends the engine

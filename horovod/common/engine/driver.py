@@ -22,7 +22,7 @@ from horovod.common.engine.cycle import Cycle
 from horovod.common.engine.handles import Entry, Handle
 from horovod.common.engine.state import SetState, ShutdownState
 from horovod.common.engine.waiting import Waiter
-from horovod.common.exceptions import HorovodInternalError
+from horovod.common.exceptions import DeviceError, HorovodInternalError
 from horovod.common.logging import log
 from horovod.common.settings import Settings
 from horovod.common.transport.base import PeerFailure, Transport
@@ -191,6 +191,7 @@ class Driver:
             self._guarded(self._loop)
         finally:
             self._stopped.set()
+            self.cycle.executor.device.close()
             self.transport.close()
             self._idle_waiter.close()
             self._driver_waiter.close()
@@ -208,6 +209,8 @@ class Driver:
                 return
             self._die(f"Horovod stopped on rank {self.rank}: {exc}. "
                       "The rank named here is the one that failed; look at its output for the cause.")
+        except DeviceError as exc:
+            self._die(f"Horovod stopped on rank {self.rank}: {exc}.")
         except (KeyboardInterrupt, SystemExit) as exc:  # a caller interrupted mid-cycle: peers can't resume
             self._die(f"Horovod stopped on rank {self.rank}: interrupted ({type(exc).__name__}) during a cycle")
             raise
@@ -223,6 +226,7 @@ class Driver:
             shown = ", ".join(in_flight[:5]) + (", ..." if len(in_flight) > 5 else "")
             message += f" Ops in flight on this rank: {shown}."
         self.fatal = HorovodInternalError(message)
+        self.cycle.executor.device.abort()  # GPU kernels waiting for a dead peer end now
         self._fail_everything(self.fatal)
 
     def _fail_everything(self, error: BaseException) -> None:

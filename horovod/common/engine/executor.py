@@ -1,6 +1,7 @@
 """Runs one agreed response on this rank: fusion-buffer packing, scaling, the transport call.
 
 Every member executes the same responses in the same order, so the transport calls line up.
+Responses on host memory run here; responses on device memory go to the `DeviceExecutor`.
 """
 
 from __future__ import annotations
@@ -10,11 +11,13 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from horovod.common.engine.device_executor import DeviceExecutor
 from horovod.common.engine.handles import Entry
 from horovod.common.engine.messages import OpType, Response
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.algorithms.primitives import segment_bounds
 from horovod.common.reduce_ops import SUPPORTED_DTYPES, Adasum, Average, Sum, scale_in_place
+from horovod.common.settings import Settings
 from horovod.common.transport.base import Transport
 
 if TYPE_CHECKING:
@@ -26,10 +29,11 @@ def _numel(shape: Sequence[int]) -> int:
 
 
 class Executor:
-    def __init__(self, transport: Transport, fusion_threshold: int, timeline: Timeline | None) -> None:
+    def __init__(self, transport: Transport, settings: Settings, timeline: Timeline | None) -> None:
         self.transport = transport
-        self.fusion_threshold = fusion_threshold
+        self.fusion_threshold = settings.fusion_threshold
         self.timeline = timeline
+        self.device = DeviceExecutor(transport, settings)
         self._fusion = np.empty(0, np.uint8)
         self._allreduce_activity = f"{transport.name.upper()}_ALLREDUCE"  # built once, not per op
 
@@ -61,7 +65,9 @@ class Executor:
                 if entry is not None:
                     entry.finish(error=HorovodInternalError(response.error))
             return
-        if op == OpType.ALLREDUCE:
+        if response.on_device:
+            self.device.execute(response, entries, members)
+        elif op == OpType.ALLREDUCE:
             self._allreduce(response, entries, members)
         elif op == OpType.ALLGATHER:
             self._allgather(response, entries[0], members)

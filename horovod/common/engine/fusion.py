@@ -20,7 +20,7 @@ PACK_BELOW_BYTES = 256 * 1024
 
 
 def _fusion_key(response: Response) -> tuple:
-    return (response.dtype, response.reduce_op, response.prescale, response.postscale)
+    return (response.dtype, response.reduce_op, response.prescale, response.postscale, response.on_device)
 
 
 def plan_fusion(responses: list[Response], threshold_bytes: int) -> list[Response]:
@@ -62,5 +62,5 @@ def plan_fusion(responses: list[Response], threshold_bytes: int) -> list[Respons
             planned.append(first)
             continue
         planned.append(Response(OpType.ALLREDUCE, names, first.dtype, shapes, reduce_op=first.reduce_op,
-                                prescale=first.prescale, postscale=first.postscale))
+                                prescale=first.prescale, postscale=first.postscale, on_device=first.on_device))
     return planned

@@ -49,20 +49,21 @@ class Request(NamedTuple):
     prescale: float = 1.0
     postscale: float = 1.0
     splits: tuple[int, ...] = ()
+    device: int = -1  # the CUDA device ordinal of the tensor's memory; -1: host memory
 
     def to_wire(self) -> tuple:
         return _plain(self)
 
     @classmethod
     def from_wire(cls, item: tuple) -> "Request":
-        rank, op_type, name, dtype, shape, root, reduce_op, pre, post, splits = item
+        rank, op_type, name, dtype, shape, root, reduce_op, pre, post, splits, device = item
         return cls(int(rank), int(op_type), str(name), str(dtype), tuple(int(d) for d in shape), int(root),
-                   int(reduce_op), float(pre), float(post), tuple(int(s) for s in splits))
+                   int(reduce_op), float(pre), float(post), tuple(int(s) for s in splits), int(device))
 
     def signature(self) -> tuple:
         """Everything that must match across ranks and across steps for a cached response to apply."""
         return (self.op_type, self.dtype, self.shape, self.root_rank, self.reduce_op, self.prescale,
-                self.postscale, self.splits)
+                self.postscale, self.splits, self.device)
 
 
 @dataclass
@@ -70,7 +71,9 @@ class Response:
     """A decision every member executes in the same order.
 
     `shapes[i]` is tensor i's shape (for allgather: rank 0's shape; `first_dims[i]` lists every
-    member's dim 0). `splits` is the alltoall matrix: splits[src][dst] rows.
+    member's dim 0). `splits` is the alltoall matrix: splits[src][dst] rows. `on_device` (1) says
+    that every member's tensors are in device memory, each on its own device: the response goes
+    to the device transport.
     """
 
     op_type: int
@@ -86,6 +89,7 @@ class Response:
     error: str = ""
     last_joined_rank: int = -1
     process_set_ranks: tuple[int, ...] = ()
+    on_device: int = 0
 
     def to_wire(self) -> tuple:
         return _plain(astuple(self))
@@ -93,10 +97,10 @@ class Response:
     @classmethod
     def from_wire(cls, item: tuple) -> "Response":
         (op_type, names, dtype, shapes, first_dims, splits, root, reduce_op, pre, post, error, last,
-         ps_ranks) = item
+         ps_ranks, on_device) = item
         return cls(int(op_type), [str(n) for n in names], str(dtype), [tuple(s) for s in shapes],
                    [list(d) for d in first_dims], [list(s) for s in splits], int(root), int(reduce_op),
-                   float(pre), float(post), str(error), int(last), tuple(ps_ranks))
+                   float(pre), float(post), str(error), int(last), tuple(ps_ranks), int(on_device))
 
     def split(self) -> list["Response"]:
         """One single-tensor response per fused tensor (the form the cache stores)."""
@@ -104,7 +108,7 @@ class Response:
             return [self]
         return [Response(self.op_type, [name], self.dtype, [self.shapes[i]],
                          [self.first_dims[i]] if self.first_dims else [], self.splits, self.root_rank,
-                         self.reduce_op, self.prescale, self.postscale)
+                         self.reduce_op, self.prescale, self.postscale, on_device=self.on_device)
                 for i, name in enumerate(self.names)]
 
     def tensor_bytes(self, itemsize: int) -> int:
