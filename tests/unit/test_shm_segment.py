@@ -106,7 +106,8 @@ def test_a_lone_rank_asked_for_shared_memory_needs_none() -> None:
         transport = create(name, TransportContext(topology, Settings(topology=topology), None, 1))
         try:
             assert transport.name == name and transport.shm is None  # type: ignore[attr-defined]
-            assert not transport.has_activity() and transport.activity_fds(True) == {}
-            assert not transport.spin_useful and transport.set_caller_driving(True) is False
+            activity = transport.activity
+            assert not activity.pending() and activity.fds(True) == {}
+            assert not activity.spin_useful and activity.set_caller_driving(True) is False
         finally:
             transport.close()

@@ -18,7 +18,7 @@ def test_a_single_rank_gets_a_working_tcp_transport(name: str) -> None:
     transport = create(name, context())
     try:
         assert isinstance(transport, TcpTransport) and (transport.rank, transport.size) == (0, 1)
-        assert transport.activity_fds(driver=True) == {}
+        assert transport.activity.fds(driver=True) == {}
         assert transport.exchange([0], b"x") == [b"x"]
     finally:
         transport.close()

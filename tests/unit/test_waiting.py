@@ -1,4 +1,4 @@
-"""The engine's waiting policy over a fake transport: what wakes a sleeper, and what counts as a peer talking."""
+"""The engine's waiting policy over a fake PeerActivity: what wakes a sleeper, what counts as a peer talking."""
 
 from __future__ import annotations
 
@@ -6,13 +6,12 @@ import os
 import time
 
 from horovod.common.engine.waiting import Waiter
+from horovod.common.transport.activity import PeerActivity
 from horovod.common.transport.spin import SPIN_SECONDS
 
 
-class FakeTransport:
+class FakeActivity(PeerActivity):
     """A peer socket (a pipe: readable means talking) and a doorbell, with a mailbox flag."""
-
-    spin_useful = False
 
     def __init__(self) -> None:
         self.peer_r, self.peer_w = os.pipe()
@@ -20,10 +19,10 @@ class FakeTransport:
         self.mailbox = False
         self.calls: list[tuple[str, bool]] = []
 
-    def has_activity(self) -> bool:
+    def pending(self) -> bool:
         return self.mailbox
 
-    def activity_fds(self, driver: bool) -> dict[int, bool]:
+    def fds(self, driver: bool) -> dict[int, bool]:
         return {self.peer_r: True, self.bell_r: False}
 
     def listen(self, driver: bool, on: bool) -> None:
@@ -38,32 +37,32 @@ class FakeTransport:
             pass
 
 
-def waiter(transport: FakeTransport, driver: bool = False) -> tuple[Waiter, int]:
+def waiter(activity: FakeActivity, driver: bool = False) -> tuple[Waiter, int]:
     wake_r, wake_w = os.pipe()
-    return Waiter(transport, wake_r, driver), wake_w  # type: ignore[arg-type]
+    return Waiter(activity, wake_r, driver), wake_w
 
 
 def test_times_out_when_nothing_happens_and_listens_only_while_asleep() -> None:
-    transport = FakeTransport()
-    w, _ = waiter(transport)
+    activity = FakeActivity()
+    w, _ = waiter(activity)
     start = time.monotonic()
     assert w.wait(0.05) is False
     assert time.monotonic() - start >= 0.04
-    assert transport.calls == [("listen", True), ("listen", False), ("drain", False)]
+    assert activity.calls == [("listen", True), ("listen", False), ("drain", False)]
     w.close()
 
 
 def test_a_peer_socket_turning_readable_means_a_peer_is_talking() -> None:
-    transport = FakeTransport()
-    w, _ = waiter(transport)
-    os.write(transport.peer_w, b"x")
+    activity = FakeActivity()
+    w, _ = waiter(activity)
+    os.write(activity.peer_w, b"x")
     assert w.wait(5.0) is True
     w.close()
 
 
 def test_the_wake_fd_wakes_without_claiming_a_peer_talks() -> None:
-    transport = FakeTransport()
-    w, wake_w = waiter(transport)
+    activity = FakeActivity()
+    w, wake_w = waiter(activity)
     os.write(wake_w, b"\0")
     start = time.monotonic()
     assert w.wait(5.0) is False
@@ -72,40 +71,40 @@ def test_the_wake_fd_wakes_without_claiming_a_peer_talks() -> None:
 
 
 def test_a_doorbell_counts_only_if_a_message_waits() -> None:
-    transport = FakeTransport()
-    w, _ = waiter(transport)
-    os.write(transport.bell_w, b"\0")
+    activity = FakeActivity()
+    w, _ = waiter(activity)
+    os.write(activity.bell_w, b"\0")
     assert w.wait(5.0) is False  # rung, but the mailbox is empty
-    os.write(transport.bell_w, b"\0")
-    transport.mailbox = True
+    os.write(activity.bell_w, b"\0")
+    activity.mailbox = True
     assert w.wait(5.0) is True
     w.close()
 
 
 def test_a_waiting_message_returns_at_once_without_sleeping() -> None:
-    transport = FakeTransport()
-    transport.mailbox = True
-    w, _ = waiter(transport)
+    activity = FakeActivity()
+    activity.mailbox = True
+    w, _ = waiter(activity)
     assert w.wait(None) is True
-    assert transport.calls == []
+    assert activity.calls == []
     w.close()
 
 
 def test_only_the_driver_spins_and_only_where_spinning_is_useful() -> None:
-    transport = FakeTransport()
-    transport.spin_useful = True
+    activity = FakeActivity()
+    activity.spin_useful = True
     checks = 0
 
-    def has_activity() -> bool:
+    def pending() -> bool:
         nonlocal checks
         checks += 1
         return False
 
-    transport.has_activity = has_activity  # type: ignore[method-assign]
-    idle, _ = waiter(transport, driver=False)
+    activity.pending = pending  # type: ignore[method-assign]
+    idle, _ = waiter(activity, driver=False)
     idle.wait(SPIN_SECONDS)
     idle_checks, checks = checks, 0
-    driver, _ = waiter(transport, driver=True)
+    driver, _ = waiter(activity, driver=True)
     driver.wait(SPIN_SECONDS)
     assert idle_checks <= 3 < checks  # the idle thread looks before and after its sleep; the driver spins
     checks = 0

@@ -3,9 +3,9 @@
 Either the engine thread (overlapped work, cycles a peer starts) or a framework thread that
 would otherwise only wait for its handle (`drive_until`), or that has just submitted the
 steady state's lone op (`drive_lone`); the drive lock lets exactly one of them run cycles at a
-time. Each has its own wake-up pipe. Between cycles the driver sleeps on
-the transport's activity, re-examines pending work for stalls, and hands the job over at
-shutdown. A failure in a cycle fails every pending op with its cause and ends the engine.
+time. Each has its own wake-up pipe. Between cycles the driver sleeps on the transport's
+`PeerActivity`, re-examines pending work for stalls, and hands the job over at shutdown. A
+failure in a cycle fails every pending op with its cause and ends the engine.
 """
 
 from __future__ import annotations
@@ -58,8 +58,9 @@ class Driver:
         self._driver_wake_r, self._driver_wake_w = os.pipe()
         for fd in (self._wake_r, self._wake_w, self._driver_wake_r, self._driver_wake_w):
             os.set_blocking(fd, False)
-        self._idle_waiter = Waiter(transport, self._wake_r, driver=False)
-        self._driver_waiter = Waiter(transport, self._driver_wake_r, driver=True)
+        self._activity = transport.activity  # how a sleeper learns that a peer is talking
+        self._idle_waiter = Waiter(self._activity, self._wake_r, driver=False)
+        self._driver_waiter = Waiter(self._activity, self._driver_wake_r, driver=True)
         self._stopped = threading.Event()
         self.fatal: HorovodInternalError | None = None
         self._dead_peer: int | None = None  # the rank whose failure ended the engine, if one did
@@ -138,7 +139,7 @@ class Driver:
             self._drive.release()
             return
         try:
-            self.transport.set_caller_driving(True)
+            self._activity.set_caller_driving(True)
             self._guarded(self._drive_loop, handle)
         finally:
             self._hand_back()
@@ -155,7 +156,7 @@ class Driver:
             self._drive.release()
             return False
         try:
-            self.transport.set_caller_driving(True)
+            self._activity.set_caller_driving(True)
             self._guarded(self.cycle.run_lone, state, hit_bits)
         finally:
             self._hand_back()
@@ -169,7 +170,7 @@ class Driver:
         a local thread its grace to submit (see _loop), and it hears of the peer anyway: waking
         it after every op of a training loop where peers run ahead takes the ranks' cores."""
         try:
-            peer_waiting = self.transport.set_caller_driving(False)
+            peer_waiting = self._activity.set_caller_driving(False)
         finally:
             self._drive.release()
         if self._finished or self._has_new_work() or (peer_waiting and self._idle_timeout() is not None):

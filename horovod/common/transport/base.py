@@ -6,8 +6,8 @@ Control messages (negotiation) are small `bytes` payloads. A transport raises `P
 naming the rank when a peer dies, hangs past the timeout, or breaks the protocol.
 
 Waiting for peers is the engine's business (`horovod.common.engine.waiting`): a transport only
-says what shows that a peer is talking (`has_activity`, `activity_fds`) and how to be told
-(`listen`, `drain`).
+hands it a `PeerActivity` (`activity`), which says what shows that a peer is talking and how to
+be told.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from horovod.common.algorithms.adasum import layout_error as adasum_layout_error
 from horovod.common.reduce_ops import scale_in_place
 from horovod.common.rendezvous import RendezvousClient
 from horovod.common.settings import Settings, Topology
+from horovod.common.transport.activity import PeerActivity
 
 
 class PeerFailure(ConnectionError):
@@ -62,9 +63,6 @@ class Transport(ABC):
     """Moves bytes for one round of the job (from `init()` to `shutdown()`)."""
 
     name: str = "abstract"
-    # True when spinning on has_activity() can beat sleeping (every local rank has a core of its
-    # own): the engine's driver then spins briefly before it sleeps on activity_fds().
-    spin_useful: bool = False
     # Engine tunables (`horovod.common.engine.tunables.Tunables` field names) that are attributes
     # of this transport: the engine sets them when autotune changes them.
     tunable_knobs: tuple[str, ...] = ()
@@ -132,32 +130,10 @@ class Transport(ABC):
         """`root`'s payload, on every member."""
 
     # -- telling the engine that a peer is talking ----------------------------------------
-    def has_activity(self) -> bool:
-        """Non-blocking: a peer's control message waits that no file descriptor shows (shared
-        memory mailboxes). Reads nothing of it."""
-        return False
-
+    @property
     @abstractmethod
-    def activity_fds(self, driver: bool) -> dict[int, bool]:
-        """The fds a sleeper watches, with their meaning. True: the fd turning readable itself
-        means a peer is talking to us (a peer's socket; it also wakes on hang-up). False: a
-        doorbell; after it rings, ask has_activity(). Two threads may sleep at once: the idle
-        engine thread, and (`driver`) the thread that holds the engine's drive lock; each has
-        its own doorbell."""
-
-    def listen(self, driver: bool, on: bool) -> None:
-        """Around the engine's sleep on activity_fds(driver): ask peers to ring this sleeper's
-        doorbell when they post a message (on), or stop asking (off)."""
-
-    def drain(self, driver: bool) -> None:
-        """After a sleeper woke: empty its doorbell (the rings have done their job)."""
-
-    def set_caller_driving(self, on: bool) -> bool:
-        """A framework thread that would otherwise only block drives the engine (on), or no
-        longer does (off). Meanwhile the transport may spin longer before it sleeps, and peers
-        need not wake the idle engine thread. Off returns True when a peer's message is waiting
-        (the engine thread must be woken to answer it)."""
-        return False
+    def activity(self) -> PeerActivity:
+        """How the engine, asleep between cycles, learns that a peer has sent a control message."""
 
     def fusion_buffer(self, nbytes: int) -> np.ndarray | None:
         """A uint8 buffer of `nbytes` that this transport reads without a copy (shared memory),

@@ -35,6 +35,7 @@ from horovod.common.algorithms.primitives import Scratch
 from horovod.common.logging import log
 from horovod.common.partition import even_counts, offsets
 from horovod.common.reduce_ops import Sum, scale_in_place
+from horovod.common.transport.activity import PeerActivity
 from horovod.common.transport.base import Transport, TransportContext
 from horovod.common.transport.shm import ShmTransport
 
@@ -58,7 +59,7 @@ class HierarchicalTransport(Transport):
         super().__init__(context)
         inner = self.shm_transport = ShmTransport(context)
         # The pieces the hierarchical algorithms use: TCP across hosts, shared memory inside.
-        self.tcp, self.shm, self.hosts, self.spin_useful = inner.tcp, inner.shm, inner.hosts, inner.spin_useful
+        self.tcp, self.shm, self.hosts = inner.tcp, inner.shm, inner.hosts
         self.hierarchical_allreduce: bool | None = context.settings.hierarchical_allreduce
         self.hierarchical_allgather: bool | None = context.settings.hierarchical_allgather
         if len(set(self.hosts)) > 1:  # on one host the switches change nothing: nothing to tune
@@ -176,20 +177,9 @@ class HierarchicalTransport(Transport):
     def bcast_bytes(self, group: Sequence[int], payload: bytes | None, root: int) -> bytes:
         return self.shm_transport.bcast_bytes(group, payload, root)
 
-    def has_activity(self) -> bool:
-        return self.shm_transport.has_activity()
-
-    def activity_fds(self, driver: bool) -> dict[int, bool]:
-        return self.shm_transport.activity_fds(driver)
-
-    def listen(self, driver: bool, on: bool) -> None:
-        self.shm_transport.listen(driver, on)
-
-    def drain(self, driver: bool) -> None:
-        self.shm_transport.drain(driver)
-
-    def set_caller_driving(self, on: bool) -> bool:
-        return self.shm_transport.set_caller_driving(on)
+    @property
+    def activity(self) -> PeerActivity:
+        return self.shm_transport.activity
 
     def close(self) -> None:
         self.shm_transport.close()

@@ -21,13 +21,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from horovod.common import mpi_library
 from horovod.common.cores import cores_per_rank
 from horovod.common.reduce_ops import Max, Min, Product, Sum, reduce_into
+from horovod.common.transport.activity import PeerActivity
 from horovod.common.transport.base import PeerFailure, Transport, TransportContext
 
 _CONTROL_TAG = 7
@@ -35,8 +36,9 @@ _POLL_MIN, _POLL_MAX = 50e-6, 2e-3
 _SPIN_SECONDS = 0.01
 
 
-class _Doorbell:
-    """A thread that rings a sleeper's pipe when a control message arrives while it listens.
+class MpiActivity(PeerActivity):
+    """A peer talks when its control message waits on our control communicator. MPI gives no fd
+    to sleep on, so a doorbell thread probes while a sleeper listens and rings that sleeper's pipe.
 
     Each sleeper is rung at most once per time it listens: `_unrung` holds the sleepers that
     listen and have not been rung yet, so one that starts listening while the other was just rung
@@ -44,8 +46,9 @@ class _Doorbell:
     `muted`: the driver answers peers itself, and probing for (then waking) a thread that has
     nothing to do would take a core from the ranks doing the work."""
 
-    def __init__(self, probe: Callable[[], bool]) -> None:
-        self._probe = probe  # a control message is waiting
+    def __init__(self, control: Any, any_source: int) -> None:
+        self._control = control  # the communicator control messages arrive on
+        self._any_source = any_source
         self._pipes = {driver: os.pipe() for driver in (False, True)}
         for read_end, _ in self._pipes.values():
             os.set_blocking(read_end, False)
@@ -56,29 +59,36 @@ class _Doorbell:
         self._thread = threading.Thread(target=self._run, name="hvd-mpi-doorbell", daemon=True)
         self._thread.start()
 
-    def fd(self, driver: bool) -> int:
-        return self._pipes[driver][0]
+    def pending(self) -> bool:
+        # Positional arguments: mpi4py parses keywords slowly.
+        return bool(self._control.Iprobe(self._any_source, _CONTROL_TAG))
+
+    def fds(self, driver: bool) -> dict[int, bool]:
+        return {self._pipes[driver][0]: False}
 
     def listen(self, driver: bool, on: bool) -> None:
         with self._changed:
             (self._unrung.add if on else self._unrung.discard)(driver)
             self._changed.notify()
 
-    def mute(self, on: bool) -> None:
-        """Wakes nobody, and takes no lock (a driver calls this twice per op; storing a bool is
+    def set_caller_driving(self, on: bool) -> bool:
+        """Mutes the idle engine thread's doorbell (on) or unmutes it (off).
+
+        Wakes nobody, and takes no lock (a driver calls this twice per op; storing a bool is
         atomic). Muting: the thread finds out on its next probe. Unmuting: a driver unmutes
         after each op and mutes again at its next, and waking this thread each time cost a
         back-to-back op about half its time at 2 ranks (the thread takes the GIL and a core). A
         muted thread looks again every _POLL_MAX instead (see `_run`): the engine thread is rung
         at most that much later, the longest a probe's pause is anyway."""
         self._muted = on
+        return not on and self.pending()
 
     def _listeners(self) -> set[bool]:
         return self._unrung - {False} if self._muted else self._unrung
 
     def drain(self, driver: bool) -> None:
         try:
-            while os.read(self.fd(driver), 64):
+            while os.read(self._pipes[driver][0], 64):
                 pass
         except BlockingIOError:
             pass
@@ -88,13 +98,14 @@ class _Doorbell:
         while True:
             with self._changed:
                 while not self._listeners() and not self._closed:
-                    # Muted while the engine thread listens: unmuting does not notify (see mute).
+                    # Muted while the engine thread listens: unmuting does not notify (see
+                    # set_caller_driving).
                     self._changed.wait(_POLL_MAX if self._muted and False in self._unrung else None)
                     pause = _POLL_MIN
                 if self._closed:
                     return
                 listeners = self._listeners()
-            if self._probe():
+            if self.pending():
                 with self._changed:
                     for driver in listeners & self._listeners():
                         os.write(self._pipes[driver][1], b"!")
@@ -149,7 +160,7 @@ class MpiTransport(Transport):
         self._ops: dict[tuple[np.dtype, int], Any] = {}  # MPI's operator per (dtype, op), see _op
         self._peers: dict[tuple[int, ...], list[int]] = {}  # a group's members other than us, see exchange
         self._status = MPI.Status()  # a probed message's envelope, see _recv
-        self._doorbell = _Doorbell(self.has_activity)
+        self._activity = MpiActivity(self._control, MPI.ANY_SOURCE)
         self._closed = False
 
     def _comm(self, group: Sequence[int]) -> Any:
@@ -286,28 +297,15 @@ class MpiTransport(Transport):
         self._MPI.Request.Waitall(self._send_all([r for r in group if r != root], payload))
         return payload
 
-    # -- telling the engine that a peer is talking ------------------------------------------
-    def has_activity(self) -> bool:
-        return bool(self._control.Iprobe(self._MPI.ANY_SOURCE, _CONTROL_TAG))  # positional: see _send_all
-
-    def activity_fds(self, driver: bool) -> dict[int, bool]:
-        return {self._doorbell.fd(driver): False}
-
-    def listen(self, driver: bool, on: bool) -> None:
-        self._doorbell.listen(driver, on)
-
-    def drain(self, driver: bool) -> None:
-        self._doorbell.drain(driver)
-
-    def set_caller_driving(self, on: bool) -> bool:
-        self._doorbell.mute(on)
-        return not on and self.has_activity()
+    @property
+    def activity(self) -> MpiActivity:
+        return self._activity
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._doorbell.close()
+        self._activity.close()
         for comm in {id(c): c for c in (*self._groups.values(), self._control)}.values():
             comm.Free()
 

@@ -37,7 +37,8 @@ Ordering relies on stores becoming visible in program order (x86-64 and the fenc
 `signals`); each counter is an aligned 8-byte word with a single writer.
 
 Modules: `segment` (layout, mapping, life cycle, the fusion region), `signals` (counters, fences,
-bells, waiting), `placement` (core shares), `mailbox` (control messages), `collectives` (the data plane), `transport`
+bells, waiting), `placement` (core shares), `mailbox` (control messages), `activity` (what the
+engine sleeps on: mailboxes, bells, the mesh's sockets), `collectives` (the data plane), `transport`
 (`ShmTransport`: routes each group to shared memory or TCP).
 """
 

@@ -10,7 +10,9 @@ import numpy as np
 
 from horovod.common.logging import log
 from horovod.common.reduce_ops import scale_in_place
+from horovod.common.transport.activity import PeerActivity
 from horovod.common.transport.base import Transport, TransportContext
+from horovod.common.transport.shm.activity import ShmActivity
 from horovod.common.transport.shm.collectives import Collectives
 from horovod.common.transport.shm.mailbox import Mailbox
 from horovod.common.transport.shm.placement import CoreShare
@@ -41,6 +43,7 @@ class ShmTransport(Transport):
         self.mailbox: Mailbox | None = None
         self.shm: Collectives | None = None
         self.cores = CoreShare()
+        self._activity: PeerActivity = self.tcp.activity  # until shared memory is set up
         self._closed = False
         hostname = context.topology.hostname or socket.gethostname()
         self.hosts: list[str] = [hostname]
@@ -62,7 +65,6 @@ class ShmTransport(Transport):
             except BaseException:
                 self.tcp.close()
                 raise
-        self.spin_useful = self.signals is not None and self.signals.may_spin
         # Per group: where its collectives and its control messages go.
         self._routes: dict[tuple[int, ...], tuple[Collectives | TcpTransport, Mailbox | TcpTransport]] = {}
 
@@ -70,12 +72,14 @@ class ShmTransport(Transport):
         """Set up shared memory with the other ranks of this host (collectively)."""
         host = self.host = HostSegments(self.tcp, self.local_ranks, self.rank, fusion_bytes)
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        self.signals = Signals(host, self.tcp, peer_timeout, may_spin=len(self.local_ranks) <= cpus)
+        signals = self.signals = Signals(host, self.tcp, peer_timeout, may_spin=len(self.local_ranks) <= cpus)
         if bind:
             self.cores.bind(host.me, len(self.local_ranks))
-        self.mailbox = Mailbox(host, self.signals, self.tcp)
-        self.shm = Collectives(host, self.signals)
-        self.signals.attach()
+        self.mailbox = Mailbox(host, signals, self.tcp)
+        self.shm = Collectives(host, signals)
+        signals.attach()
+        assert host.bells is not None  # HostSegments raised without them
+        self._activity = ShmActivity(self.tcp.activity, signals, host.bells)
 
     def _route(self, group: Sequence[int]) -> tuple[Collectives | TcpTransport, Mailbox | TcpTransport]:
         """Shared memory when every member of `group` is on this host (and it has 2+), else TCP."""
@@ -134,27 +138,9 @@ class ShmTransport(Transport):
     def bcast_bytes(self, group: Sequence[int], payload: bytes | None, root: int) -> bytes:
         return self._route(group)[1].bcast_bytes(group, payload, root)
 
-    # -- activity: what the engine sleeps on ---------------------------------------------------
-    def has_activity(self) -> bool:
-        return self.signals is not None and self.signals.pending()
-
-    def activity_fds(self, driver: bool) -> dict[int, bool]:
-        fds = self.tcp.activity_fds(driver)
-        if self.host is not None:  # our bell rings when a local peer posts a message
-            bells = self.host.bells
-            fds[(bells.driver if driver else bells.idle).fileno()] = False
-        return fds
-
-    def listen(self, driver: bool, on: bool) -> None:
-        if self.signals is not None:
-            self.signals.set_listening(on, driver)
-
-    def drain(self, driver: bool) -> None:
-        if self.host is not None:
-            self.host.bells.drain(idle=not driver)
-
-    def set_caller_driving(self, on: bool) -> bool:
-        return self.signals.set_driven(on) if self.signals is not None else False
+    @property
+    def activity(self) -> PeerActivity:
+        return self._activity
 
     def close(self) -> None:
         """Tell local peers we are gone, release the shared memory, close the mesh. Safe to call twice."""

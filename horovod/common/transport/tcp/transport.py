@@ -17,10 +17,21 @@ from typing import Sequence
 import numpy as np
 
 from horovod.common.algorithms import Scratch, adasum, pairwise, ring
+from horovod.common.transport.activity import PeerActivity
 from horovod.common.transport.base import Transport, TransportContext
 from horovod.common.transport.tcp.deathwatch import DeathWatch
 from horovod.common.transport.tcp.mesh import Mesh
 from horovod.common.transport.tcp.peer import PeerConnection, PeerLinks
+
+
+class SocketActivity(PeerActivity):
+    """A peer talks to us when its socket turns readable (a hang-up too): nothing else to watch."""
+
+    def __init__(self, peers: dict[int, PeerConnection]) -> None:
+        self._peers = peers
+
+    def fds(self, driver: bool) -> dict[int, bool]:
+        return {peer.sock.fileno(): True for peer in self._peers.values()}
 
 
 class TcpTransport(Transport):
@@ -34,6 +45,7 @@ class TcpTransport(Transport):
         self._mesh = Mesh(context)
         self._peers = self._mesh.peers
         self._links = PeerLinks(self.rank, self._peers)
+        self._activity = SocketActivity(self._peers)
 
     @property
     def deaths(self) -> DeathWatch | None:
@@ -93,8 +105,9 @@ class TcpTransport(Transport):
         self._links.flush(others)
         return payload
 
-    def activity_fds(self, driver: bool) -> dict[int, bool]:
-        return {peer.sock.fileno(): True for peer in self._peers.values()}
+    @property
+    def activity(self) -> SocketActivity:
+        return self._activity
 
     def close(self) -> None:
         self._mesh.close()
