@@ -78,9 +78,9 @@ PYEOF
     done
     NCCL_ENV=$(cat /tmp/nccl_env); OWN=$(cat /tmp/nccl_own 2>/dev/null)
     echo "=== NCCL environment that works: ${NCCL_ENV:-none} ${OWN}" | tee -a "$LOG"
-    step 240 "CUDA tests: every collective and dtype against the CPU, DistributedOptimizer, a killed rank; NCCL and staged routes" \
-        env KHOROVOD_TEST_NCCL_ENV="$NCCL_ENV" "$PY" -m pytest -q -s -p no:cacheprovider tests/torch/test_torch_cuda.py \
-        tests/unit/test_device_pieces.py
+    step 300 "CUDA tests: every collective and dtype against the CPU, DistributedOptimizer, a killed rank; NCCL and staged routes" \
+        env KHOROVOD_TEST_NCCL_ENV="$NCCL_ENV" "$PY" -m pytest -v -s -rA --timeout 130 -p no:cacheprovider \
+        tests/unit/test_device_pieces.py tests/torch/test_torch_cuda.py
     step 150 "allreduce busbw, khorovod's NCCL path against torch.distributed NCCL, 2 ranks" \
         env $NCCL_ENV horovodrun -np 2 sh -c "$OWN exec $PY benchmarks/nccl_busbw.py --rounds 3 --json $OUT/busbw.json"
     for model in mlp cnn; do

@@ -182,10 +182,10 @@ x = torch.ones(16 << 20, device=dev)  # 64 MiB
 error, waited = None, None
 try:
     for step in range(200):
+        hvd.allreduce_(x, op=hvd.Average, name="x")  # queued: the host goes on at once
         if r == 1 and step == 5:
             report(died=time.time())
-            os._exit(1)  # the middle of training: rank 0's allreduce waits for it in a kernel
-        hvd.allreduce_(x, op=hvd.Average, name="x")
+            os._exit(1)  # mid-allreduce: rank 0's kernel waits for this rank's data
         torch.cuda.synchronize()
 except HorovodInternalError as exc:
     error, waited = str(exc), time.time()
