@@ -299,11 +299,39 @@ def _parameter_names(optimizer: torch.optim.Optimizer, named_parameters: Any) ->
     return by_param
 
 
+# Gradients on a GPU travel in buckets of about this many bytes, as DDP's do (its defaults): every
+# NCCL call costs its latency, so a step makes a few large calls, the first one small and early.
+FIRST_BUCKET_BYTES = 1 << 20
+BUCKET_BYTES = 25 << 20
+
+
+def size_buckets(nbytes: Sequence[int], first: int = FIRST_BUCKET_BYTES, rest: int = BUCKET_BYTES
+                 ) -> list[tuple[int, ...]]:
+    """Positions of parameters grouped from the last (about the order in which backward finishes
+    their gradients), each group closed once it holds `first`, then `rest`, bytes or more."""
+    groups: list[tuple[int, ...]] = []
+    current: list[int] = []
+    size, cap = 0, first
+    for k in reversed(range(len(nbytes))):
+        current.append(k)
+        size += nbytes[k]
+        if size >= cap:
+            groups.append(tuple(current))
+            current, size, cap = [], 0, rest
+    if current:
+        groups.append(tuple(current))
+    return groups
+
+
 def _make_buckets(params: list[torch.Tensor], reducer: GradientReducer,
                   names: dict[torch.Tensor, str]) -> list[_Bucket]:
-    """One bucket per parameter, or the groups asked for (named after their first member)."""
-    plan = reducer.plan(params, range(len(params)), len(params))
-    return [_Bucket([params[k] for k in group], names[params[group[0]]]) for group in plan.groups]
+    """The groups asked for (named after their first member); else one bucket per parameter on
+    the CPU (the engine fuses what is ready together), or buckets by size on a GPU."""
+    if not reducer.groups and any(p.is_cuda for p in params):
+        groups = size_buckets([p.numel() * p.element_size() for p in params])
+    else:
+        groups = list(reducer.plan(params, range(len(params)), len(params)).groups)
+    return [_Bucket([params[k] for k in group], names[params[group[0]]]) for group in groups]
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any = None,

@@ -367,3 +367,13 @@ def test_sync_batch_norm_at_size_one_is_batch_norm():
     torch.testing.assert_close(sync.running_var, plain.running_var)
     with pytest.raises(ValueError, match="at least 2"):
         sync(torch.randn(4))
+
+
+def test_gpu_gradients_travel_in_buckets_by_size_from_the_last_parameter():
+    from horovod.torch.optimizer import size_buckets
+
+    mib = 1 << 20
+    # DDP's rule: the first bucket closes at 1 MiB, the others at 25 MiB; the last parameters go first.
+    assert size_buckets([4 * mib, 4 * mib, 20 * mib, 512, 40 * 1024]) == [(4, 3, 2), (1, 0)]
+    assert size_buckets([10, 10], first=15, rest=100) == [(1, 0)]
+    assert size_buckets([]) == []

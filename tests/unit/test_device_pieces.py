@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from horovod.common import basics
+from horovod.common.device.cuda_runtime import runtime
 from horovod.common.engine.coordinator import validate
 from horovod.common.engine.device_executor import group_route
 from horovod.common.engine.fusion import plan_fusion
@@ -18,6 +19,8 @@ from horovod.common.transport.nccl import library, reductions
 
 NCCL = library.find(Settings())
 needs_nccl = pytest.mark.skipif(NCCL.path is None, reason=f"no libnccl here: {NCCL.why_not}")
+_CUDA = runtime()
+HAS_GPU = _CUDA is not None and _CUDA.device_count() > 0
 
 
 # -- finding and loading NCCL ----------------------------------------------------------------------
@@ -58,6 +61,7 @@ def test_a_unique_id_is_128_fresh_bytes():
 
 
 @needs_nccl
+@pytest.mark.skipif(HAS_GPU, reason="a GPU is here: tests/torch/test_torch_cuda.py forms communicators on it")
 def test_without_a_gpu_forming_a_communicator_fails_with_nccls_own_words():
     nccl = library.load(NCCL.path)
     with pytest.raises(library.NcclError, match=r"ncclCommInitRankConfig failed: unhandled CUDA error: .*[Cc]uda"):

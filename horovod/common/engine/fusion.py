@@ -2,9 +2,11 @@
 
 Pure and deterministic: every member runs it on the same response list and gets the same plan.
 
-Only tensors under `PACK_BELOW_BYTES` are packed. Fusing costs two passes over a tensor's bytes
-(into the fusion buffer and back out), which on the host is worth it only while it is cheaper
-than a transport call of the tensor's own. Measured at 2 ranks, 8 tensors per grouped allreduce
+On the host, only tensors under `PACK_BELOW_BYTES` are packed. Fusing costs two passes over a
+tensor's bytes (into the fusion buffer and back out), which on the host is worth it only while
+it is cheaper than a transport call of the tensor's own. On a GPU those passes are device copies
+at terabytes per second while every NCCL call costs its latency, so device responses fuse up to
+the threshold whatever their size. Measured at 2 ranks, 8 tensors per grouped allreduce
 (`benchmarks/fusion_cutoff.py`; docs/performance.md, "One cycle per step"): packed takes 0.81-0.90x the time
 of one by one at 16-64 KiB on shared memory (0.59-0.65x over TCP) and 0.97-1.03x at 256 KiB;
 at 1 MiB 1.07-1.10x on shared memory and 1.61-1.74x over TCP, at 4 MiB 1.65x and 1.76-1.85x.
@@ -13,7 +15,7 @@ at 1 MiB 1.07-1.10x on shared memory and 1.61-1.74x over TCP, at 4 MiB 1.65x and
 from __future__ import annotations
 
 from horovod.common.engine.messages import OpType, Response
-from horovod.common.reduce_ops import SUPPORTED_DTYPES
+from horovod.common.reduce_ops import DTYPE_SIZES
 
 
 PACK_BELOW_BYTES = 256 * 1024
@@ -40,9 +42,10 @@ def plan_fusion(responses: list[Response], threshold_bytes: int) -> list[Respons
         if first.op_type != OpType.ALLREDUCE or first.error:
             planned.append(first)
             continue
-        itemsize = SUPPORTED_DTYPES[first.dtype].itemsize
+        itemsize = DTYPE_SIZES[first.dtype]
         total = first.tensor_bytes(itemsize)
-        if total >= threshold_bytes or total >= PACK_BELOW_BYTES:
+        pack_below = threshold_bytes if first.on_device else PACK_BELOW_BYTES
+        if total >= threshold_bytes or total >= pack_below:
             planned.append(first)
             continue
         key = _fusion_key(first)
@@ -52,7 +55,7 @@ def plan_fusion(responses: list[Response], threshold_bytes: int) -> list[Respons
             if used[j] or other.op_type != OpType.ALLREDUCE or other.error or _fusion_key(other) != key:
                 continue
             size = other.tensor_bytes(itemsize)
-            if total + size > threshold_bytes or size >= PACK_BELOW_BYTES:
+            if total + size > threshold_bytes or size >= pack_below:
                 continue
             used[j] = True
             total += size
