@@ -9,7 +9,8 @@
 # Steps: nccl (the NCCL device path, about 2.5 minutes: NCCL's version, a smoke test that finds
 # how two ranks may share the one GPU, the CUDA tests on both device routes, a rank killed
 # mid-allreduce, busbw against torch.distributed's NCCL, training against DDP over NCCL; or
-# only some of it: nccl-tests, nccl-busbw, nccl-train, each after the smoke test),
+# only some of it: nccl-tests, nccl-busbw, nccl-train, each after the smoke test; nccl-fresh:
+# the training benchmark in 3 more fresh jobs per model, for the spread),
 # cuda (the CUDA tests alone), mpi (the MPI
 # path against raw mpi4py at 4 and 2 ranks, and where its time goes), threads (torch training
 # with 1 and 4 intra-op threads per rank), fresh (20 fresh jobs), gpu-train (torch training on
@@ -50,7 +51,7 @@ step 30 "machine" bash -c 'nproc; lscpu | grep -E "Model name|Thread|Core|Socket
     python3 -c "import sys, torch, numpy; print(sys.version.split()[0], torch.__version__, numpy.__version__)";
     python3 -c "import mpi4py; from mpi4py import MPI; print(\"mpi4py\", mpi4py.__version__, MPI.Get_library_version().splitlines()[0])";
     command -v mpirun && mpirun --version | head -1'
-if wanted nccl || wanted nccl-tests || wanted nccl-busbw || wanted nccl-train; then
+if wanted nccl || wanted nccl-tests || wanted nccl-busbw || wanted nccl-train || wanted nccl-fresh; then
     step 60 "NCCL: versions and the build check" bash -c '"$0" -c "import torch; print(\"torch\", torch.__version__, \"NCCL in torch\", torch.cuda.nccl.version())";
         "$0" -c "from horovod.common import basics; from horovod.common.transport.nccl import library; from horovod.common.settings import Settings; print(\"khorovod finds\", library.find(Settings.from_env()), basics.nccl_built())";
         "$0" -m horovod.runner.launch --check-build' "$PY"
@@ -81,9 +82,9 @@ PYEOF
     echo "=== NCCL environment that works: ${NCCL_ENV:-none} ${OWN}" | tee -a "$LOG"
 fi
 if wanted nccl || wanted nccl-tests; then
-    step 300 "CUDA tests: every collective and dtype against the CPU, DistributedOptimizer, a killed rank; NCCL and staged routes" \
+    step 360 "CUDA tests: every collective and dtype against the CPU, DistributedOptimizer, a killed rank; NCCL and staged routes" \
         env KHOROVOD_TEST_NCCL_ENV="$NCCL_ENV" "$PY" -m pytest -v -s -rA --timeout 130 -p no:cacheprovider \
-        tests/unit/test_device_pieces.py tests/torch/test_torch_cuda.py
+        tests/unit/test_device_pieces.py tests/torch/test_torch_cuda.py tests/jax/test_jax_gpu.py
 fi
 if wanted nccl || wanted nccl-busbw; then
     step 150 "allreduce busbw, khorovod's NCCL path against torch.distributed NCCL, 2 ranks" \
@@ -93,6 +94,14 @@ if wanted nccl || wanted nccl-train; then
     for model in mlp cnn mnist; do
         step 90 "torch $model training on the GPU against DDP over NCCL, 2 ranks" \
             env $NCCL_ENV horovodrun -np 2 sh -c "$OWN exec $PY benchmarks/torch_training.py --model $model --device cuda --rounds 5"
+    done
+fi
+if wanted nccl-fresh; then  # the spread over fresh jobs: each model's training 3 more times
+    for job in 1 2 3; do
+        for model in mlp cnn mnist; do
+            step 60 "torch $model training against DDP over NCCL, fresh job $job" \
+                env $NCCL_ENV horovodrun -np 2 sh -c "$OWN exec $PY benchmarks/torch_training.py --model $model --device cuda --rounds 5"
+        done
     done
 fi
 if wanted cuda; then

@@ -284,10 +284,11 @@ def ddl_built() -> bool:
 
 
 def cuda_built() -> bool:
-    """True where the CUDA runtime library loads: device tensors can then be moved."""
-    from horovod.common.device.cuda_runtime import find_library
+    """True where the CUDA runtime library loads and sees a GPU: device tensors can be moved."""
+    from horovod.common.device.cuda_runtime import runtime as cuda_runtime
 
-    return find_library() is not None
+    cuda = cuda_runtime()
+    return cuda is not None and cuda.device_count() > 0
 
 
 def rocm_built() -> bool:

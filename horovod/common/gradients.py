@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from horovod.common import ops, runtime
+from horovod.common.device.buffers import Buffer, DeviceBuffer
 from horovod.common.compression import Compressor, NoneCompressor
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Average, Sum
@@ -122,12 +123,13 @@ class GradientReducer:
             groups += [(k,) for k in range(count) if k not in taken]
         return Plan(names, tuple(tuple(int(k) for k in g) for g in groups), self.name)
 
-    def submit(self, arrays: Sequence[np.ndarray], plan: Plan) -> Callable[[], list[np.ndarray]]:
-        """Submit the allreduces of `arrays` as `plan` says; returns the function that waits for
-        all of them and returns the reduced arrays in order."""
+    def submit(self, arrays: Sequence[Buffer], plan: Plan) -> Callable[[], list[Buffer]]:
+        """Submit the allreduces of `arrays` (host or device buffers) as `plan` says; returns the
+        function that waits for all of them and returns the reduced buffers in order."""
         pending = []
         for number, group in enumerate(plan.groups):
-            members = [np.asarray(arrays[k], order="C") for k in group]
+            members = [arrays[k] if isinstance(arrays[k], DeviceBuffer) else np.asarray(arrays[k], order="C")
+                       for k in group]
             if len(group) == 1:
                 handle = ops.allreduce_async(members[0], plan.names[group[0]], self.op, self.prescale,
                                              self.postscale, self.process_set)
@@ -136,8 +138,8 @@ class GradientReducer:
                                                      self.prescale, self.postscale, self.process_set)
             pending.append((group, handle))
 
-        def wait() -> list[np.ndarray]:
-            out: list[np.ndarray] = [np.empty(0)] * len(arrays)
+        def wait() -> list[Buffer]:
+            out: list[Buffer] = [np.empty(0)] * len(arrays)
             for group, handle in pending:
                 result = handle.wait()
                 for k, array in zip(group, result if len(group) > 1 else [result]):

@@ -42,7 +42,8 @@ def check_extension(ext_name: str, ext_env_var: str, pkg_path: str, *args: str) 
 
 
 def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:
-    """Whether the extension can run collectives on GPU tensors: never in khorovod (no GPU transport)."""
+    """Whether the extension can run collectives on GPU tensors: where it is installed and a CUDA
+    runtime sees a GPU (torch moves them over NCCL; the others through host memory, docs/gpu.md)."""
     available = extension_available(ext_base_name) and (basics.cuda_built() or basics.rocm_built())
     if verbose and not available:
         print(f"Extension {ext_base_name} was built without GPU support")

@@ -1,6 +1,10 @@
-"""JAX arrays <-> the numpy arrays the core moves, inside and outside `jax.jit`.
+"""JAX arrays <-> the buffers the core moves, inside and outside `jax.jit`.
 
-Outside a transformation a JAX array converts to numpy directly and the collective runs now.
+Outside a transformation a JAX array in host memory converts to numpy directly, and one on a GPU
+goes to the core as a `DeviceBuffer` over its own memory (the device route: NCCL); the
+collective runs now. JAX gives no stream to order work against, so here the host waits: for the
+array before it is read, and for the collective before its result, a fresh JAX array the core
+wrote, is handed back.
 Inside `jit` the values are tracers without data, so the host work runs in a callback whose
 outputs have the shapes and dtypes the trace already knows:
 
@@ -24,9 +28,11 @@ from jax.experimental import io_callback
 
 from horovod.common import basics, ops
 from horovod.common.collective_rules import CORE_CALLS
+from horovod.common.device.buffers import Buffer, DeviceBuffer
+from horovod.common.device.cuda_runtime import runtime as cuda_runtime
 from horovod.common.reduce_ops import dtype_name
 
-Host = Callable[[list[np.ndarray]], list[np.ndarray]]
+Host = Callable[[list[Buffer]], list[Any]]
 
 
 def is_traced(values: Sequence[Any]) -> bool:
@@ -55,7 +61,41 @@ def _numpy(values: Sequence[Any]) -> list[np.ndarray]:
     return [np.asarray(v, order="C") for v in values]
 
 
-def submit(kind: str, arrays: Sequence[np.ndarray], grouped: bool, **kwargs: Any) -> ops.Handle:
+def _on_gpu(value: Any) -> bool:
+    return isinstance(value, jax.Array) and value.is_fully_addressable and len(value.devices()) == 1 \
+        and next(iter(value.devices())).platform == "gpu" and value.size > 0
+
+
+def device_buffer(array: jax.Array) -> DeviceBuffer:
+    """A single-device GPU array as the core sees it. The host waits for the array first: JAX
+    computes on streams of its own that no event of ours can follow."""
+    array.block_until_ready()
+    device = next(iter(array.devices()))
+    dtype = np.dtype(array.dtype)
+
+    def allocate(shape: tuple[int, ...]) -> DeviceBuffer:
+        return device_buffer(jnp.zeros(shape, dtype, device=device))
+
+    return DeviceBuffer(array.unsafe_buffer_pointer(), tuple(array.shape), dtype_name(dtype), dtype.itemsize,
+                        device.local_hardware_id, 0, array, allocate)
+
+
+def buffers(values: Sequence[Any]) -> list[Buffer]:
+    """The core's buffers for eager values: GPU arrays as device buffers, the rest as numpy."""
+    return [device_buffer(v) if _on_gpu(v) else np.asarray(v, order="C") for v in values]
+
+
+def to_jax(results: Sequence[Any]) -> list[Any]:
+    """The core's results as JAX arrays. A device result is the array the core wrote into; the
+    host waits until the collective is done (its event is on the legacy stream the buffer named)."""
+    if any(isinstance(r, DeviceBuffer) for r in results):
+        cuda = cuda_runtime()
+        assert cuda is not None
+        cuda.synchronize(0)
+    return [r.owner if isinstance(r, DeviceBuffer) else jnp.asarray(r) for r in results]
+
+
+def submit(kind: str, arrays: Sequence[Buffer], grouped: bool, **kwargs: Any) -> ops.Handle:
     """Submit `arrays` to the core's collective `kind` (as one group when `grouped`)."""
     single, group = CORE_CALLS[kind]
     return group(list(arrays), **kwargs) if grouped else single(arrays[0], **kwargs)  # type: ignore[misc]
@@ -71,7 +111,7 @@ def host_collective(kind: str, grouped: bool, **kwargs: Any) -> Host:
     """The host function running collective `kind` on numpy arrays: submit, then wait with this
     thread running the engine (see Engine.caller_waits)."""
 
-    def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    def run(arrays: list[Buffer]) -> list[Any]:
         with basics.runtime().engine.caller_waits():
             handle = submit(kind, arrays, grouped, **kwargs)
         return flat_results(kind, handle.wait(), grouped)
@@ -83,7 +123,7 @@ def call(host_fn: Host, tensors: Sequence[Any], out_specs: Callable[[], Sequence
     """`host_fn` on `tensors`: now on their numpy values, or as one ordered callback in a trace
     (`out_specs()` gives its outputs' shapes and dtypes, asked only then)."""
     if not is_traced(tensors):
-        return [jnp.asarray(r) for r in host_fn(_numpy(tensors))]
+        return to_jax(host_fn(buffers(tensors)))
     specs = list(out_specs())
 
     def on_host(*arrays: Any) -> tuple[np.ndarray, ...]:
@@ -110,7 +150,7 @@ class Pending:
         return self.handle.poll()
 
     def wait(self) -> Any:
-        outputs = [jnp.asarray(r) for r in flat_results(self.kind, self.handle.wait(), self.grouped)]
+        outputs = to_jax(flat_results(self.kind, self.handle.wait(), self.grouped))
         if self.kind == "alltoall":
             outputs = [tuple(outputs[i:i + 2]) for i in range(0, len(outputs), 2)]
         return outputs if self.grouped else outputs[0]
@@ -121,5 +161,5 @@ def start(kind: str, tensors: Sequence[Any], grouped: bool = False, **kwargs: An
     if is_traced(tensors):
         raise ValueError(f"{kind}_async cannot run inside jax.jit (a traced value has no data yet); "
                          f"use the blocking {kind} there, which runs as an ordered host callback")
-    arrays = _numpy([checked(t, kind) for t in tensors])
+    arrays = buffers([checked(t, kind) for t in tensors])
     return Pending(submit(kind, arrays, grouped, **kwargs), kind, grouped)

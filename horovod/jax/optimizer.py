@@ -20,6 +20,7 @@ import numpy as np
 import optax
 
 from horovod.common import basics
+from horovod.common.device.buffers import Buffer
 from horovod.common.gradients import GradientReducer, Plan
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Average
@@ -30,7 +31,7 @@ __all__ = ["DistributedOptimizer", "allreduce_gradients"]
 
 
 def _transport(reducer: GradientReducer, tensors: list[Any], plan: Plan) -> list[Any]:
-    def reduce_arrays(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    def reduce_arrays(arrays: list[Buffer]) -> list[Buffer]:
         with basics.runtime().engine.batch_waits():
             wait = reducer.submit(arrays, plan)
         return wait()

@@ -201,3 +201,22 @@ def test_a_rank_killed_mid_allreduce_makes_the_survivor_fail_within_seconds(rout
     waited = survivor["caught"] - result.ranks[1]["died"]
     print(f"{route}: the survivor raised {waited:.2f} s after rank 1 died")
     assert waited < 30, waited
+
+
+ROUNDS = PRELUDE + r'''
+seen = []
+for round_ in range(2):  # shutdown and init again, as elastic training resets: a new communicator each round
+    if round_:
+        hvd.shutdown()
+        hvd.init()
+    y = hvd.allreduce(torch.full((1 << 16,), float(r + 1), device=dev), op=hvd.Sum, name="again")
+    seen.append([y[0].item(), routes()])
+report(seen=seen)
+'''
+
+
+@pytest.mark.parametrize("route", ["nccl"])
+def test_a_new_round_builds_new_communicators(route):
+    result = hvdrun(ROUNDS, np=2, env=ROUTES[route], timeout=120).check()
+    for rank in (0, 1):
+        assert result.ranks[rank]["seen"] == [[3.0, {"[0, 1]": ""}], [3.0, {"[0, 1]": ""}]], result.ranks[rank]

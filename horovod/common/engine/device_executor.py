@@ -116,15 +116,21 @@ class DeviceExecutor:
         if why:
             return self._staged_because(f"NCCL is not used for ranks {list(group)}: {why}")
         assert self._nccl is not None
+        if self._settings.hierarchical_allreduce and self._settings.topology.cross_size > 1:
+            self._say_once("HOROVOD_HIERARCHICAL_ALLREDUCE applies to CPU tensors only: on GPU tensors NCCL runs "
+                           "one communicator across the hosts")
         why = self._nccl.unsupported(response, group)
         return self._staged_because(why) if why else self._nccl
 
     def _staged_because(self, why: str) -> DeviceTransport:
-        if why not in self._said:
-            self._said.add(why)
-            log.warning("rank %d: device tensors go through host memory: %s", self._host.rank, why)
+        self._say_once(f"device tensors go through host memory: {why}")
         assert self._staged is not None
         return self._staged
+
+    def _say_once(self, what: str) -> None:
+        if what not in self._said:
+            self._said.add(what)
+            log.warning("rank %d: %s", self._host.rank, what)
 
     # -- running a response ----------------------------------------------------------------
     def execute(self, response: Response, entries: list[Entry | None], members: tuple[int, ...]) -> None:
