@@ -48,7 +48,7 @@ def group_route(places: Sequence[tuple[int, str, str]], multi_rank_gpu: bool) ->
         if (host, bus) in seen and not (version >= 23000 and multi_rank_gpu):
             return (f"members {seen[(host, bus)]} and {i} of the group share GPU {bus} on host {host}, which NCCL "
                     f"{version_string(version)} refuses (2.30 and later accept it with NCCL_MULTI_RANK_GPU_ENABLE=1); give each rank "
-                    "its own GPU (torch.cuda.set_device(hvd.local_rank())) or each its own NCCL_HOSTID")
+                    "its own GPU (torch.cuda.set_device(hvd.local_rank()), or CUDA_VISIBLE_DEVICES per rank) or each its own NCCL_HOSTID")
         seen[(host, bus)] = i
     return ""
 
