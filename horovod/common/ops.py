@@ -78,6 +78,7 @@ def _request(rt: basics.Runtime, op_type: OpType, name: str, array: Buffer | Non
     """This rank's Request for `array` (of dtype name `dtype`); a bare one for ops without data.
     A device buffer's readiness is recorded on its stream here, at submission."""
     if isinstance(array, DeviceBuffer):
+        rt.use_device(array.device, f"{_KINDS[op_type]} {name}")
         events.mark_ready(array)
         fields["device"] = array.device
     return Request(rt.settings.topology.rank, op_type, name, dtype,

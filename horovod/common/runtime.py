@@ -36,6 +36,8 @@ class Runtime:
     timeline: Timeline | None
     process_sets: dict[int, ProcessSet] = field(default_factory=dict)
     name_counters: dict[int, int] = field(default_factory=dict)
+    # The CUDA device this rank's device collectives run on: its first device tensor's (-1: none yet).
+    device: int = -1
     # The members of the global process set: every rank of the round, built once per round.
     global_ranks: list[int] = field(init=False)
 
@@ -48,6 +50,17 @@ class Runtime:
         key = process_set.process_set_id if process_set.process_set_id is not None else -1
         self.name_counters[key] = self.name_counters.get(key, 0) + 1
         return self.name_counters[key]
+
+    def use_device(self, device: int, what: str) -> None:
+        """Device collectives of a rank run on one device, the one its first device tensor is on
+        (the one its script pinned, as in Horovod); a tensor on another is refused here."""
+        if self.device < 0:
+            self.device = device
+        elif device != self.device:
+            raise ValueError(
+                f"{what}: the tensor is on CUDA device {device}, but this rank's collectives run on device "
+                f"{self.device} (where its first GPU tensor was); keep every tensor of a rank on one device, "
+                "e.g. torch.cuda.set_device(hvd.local_rank()) before creating them")
 
     def submit(self, process_set: ProcessSet, entries: list[Entry]) -> None:
         process_set.require_registered()

@@ -29,14 +29,13 @@ class NoopFlag:
     why: str
 
 
-_NO_NCCL = "there is no NCCL backend"
-
 NOOP_FLAGS: tuple[NoopFlag, ...] = (
     NoopFlag("disable_cache", "--disable-cache", "this launcher keeps no cache to disable"),
-    NoopFlag("torus_allreduce", "--torus-allreduce", _NO_NCCL),
+    NoopFlag("torus_allreduce", "--torus-allreduce",
+             "the NCCL path runs one communicator across the hosts; the two-level torus is not implemented"),
     NoopFlag("mpi_threads_disable", "--mpi-threads-disable",
              "the MPI path always needs MPI_THREAD_MULTIPLE (the engine calls MPI from two threads)"),
-    NoopFlag("num_nccl_streams", "--num-nccl-streams", _NO_NCCL),
+    NoopFlag("num_nccl_streams", "--num-nccl-streams", "the NCCL path queues its work on one stream per rank"),
     NoopFlag("thread_affinity", "--thread-affinity", "the background thread is not pinned to a core"),
 )
 

@@ -67,7 +67,7 @@ def test_config_file_keys_warn_naming_flag_and_key(caplog, tmp_path):
     messages = warnings_for(caplog, "--config-file", str(path), "--autotune")
     assert sorted(messages) == [  # autotune works: only the NCCL key warns
         "--num-nccl-streams (or library_options.num_nccl_streams in a config file) is accepted but has "
-        "no effect here: there is no NCCL backend",
+        "no effect here: the NCCL path queues its work on one stream per rank",
     ]
 
 

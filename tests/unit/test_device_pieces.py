@@ -146,3 +146,14 @@ def test_requests_and_responses_carry_the_device_over_the_wire():
     assert Request.from_wire(request.to_wire()) == request
     response = Response(OpType.ALLGATHER, ["w"], "float16", [(2, 2)], first_dims=[[2, 2]], on_device=1)
     assert Response.from_wire(response.to_wire()) == response
+
+
+def test_a_rank_keeps_its_device_collectives_on_one_device():
+    from horovod.common.runtime import Runtime
+
+    rt = Runtime(Settings(), 1, None, None, None, None)  # type: ignore[arg-type]
+    rt.use_device(1, "allreduce a")
+    rt.use_device(1, "allreduce b")
+    with pytest.raises(ValueError, match=r"allreduce c: the tensor is on CUDA device 0, but this rank's collectives "
+                                         r"run on device 1"):
+        rt.use_device(0, "allreduce c")

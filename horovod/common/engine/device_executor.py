@@ -86,10 +86,7 @@ class DeviceExecutor:
             cuda.set_device(device)
             self._staged = StagedTransport(self._host, cuda, device)
             self._nccl, self._nccl_why = self._load_nccl(cuda, device)
-        elif device != self.device:
-            raise RuntimeError(f"rank {self._host.rank}: a tensor on CUDA device {device}, but this rank's "
-                               f"collectives run on device {self.device}; keep every tensor on one device")
-        return cuda
+        return cuda  # every device tensor of the rank is on `device` (Runtime.use_device)
 
     def _load_nccl(self, cuda: CudaRuntime, device: int) -> tuple[NcclTransport | None, str]:
         found = library.find(self._settings)
