@@ -51,7 +51,7 @@ step 30 "machine" bash -c 'nproc; lscpu | grep -E "Model name|Thread|Core|Socket
     python3 -c "import sys, torch, numpy; print(sys.version.split()[0], torch.__version__, numpy.__version__)";
     python3 -c "import mpi4py; from mpi4py import MPI; print(\"mpi4py\", mpi4py.__version__, MPI.Get_library_version().splitlines()[0])";
     command -v mpirun && mpirun --version | head -1'
-if wanted nccl || wanted nccl-tests || wanted nccl-busbw || wanted nccl-train || wanted nccl-fresh; then
+if wanted nccl || wanted nccl-tests || wanted nccl-busbw || wanted nccl-train || wanted nccl-fresh || wanted nccl-sets; then
     step 60 "NCCL: versions and the build check" bash -c '"$0" -c "import torch; print(\"torch\", torch.__version__, \"NCCL in torch\", torch.cuda.nccl.version())";
         "$0" -c "from horovod.common import basics; from horovod.common.transport.nccl import library; from horovod.common.settings import Settings; print(\"khorovod finds\", library.find(Settings.from_env()), basics.nccl_built())";
         "$0" -m horovod.runner.launch --check-build' "$PY"
@@ -95,6 +95,10 @@ if wanted nccl || wanted nccl-train; then
         step 90 "torch $model training on the GPU against DDP over NCCL, 2 ranks" \
             env $NCCL_ENV horovodrun -np 2 sh -c "$OWN exec $PY benchmarks/torch_training.py --model $model --device cuda --rounds 5"
     done
+fi
+if wanted nccl-sets; then  # alone: process sets and join on NCCL (also part of nccl-tests)
+    step 90 "process sets and join on the GPU" env KHOROVOD_TEST_NCCL_ENV="$NCCL_ENV" "$PY" -m pytest -v -s -rA \
+        --timeout 80 -p no:cacheprovider tests/torch/test_torch_cuda.py -k process_sets_and_join
 fi
 if wanted nccl-fresh; then  # the spread over fresh jobs: each model's training 3 more times
     for job in 1 2 3; do

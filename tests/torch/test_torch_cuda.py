@@ -220,3 +220,25 @@ def test_a_new_round_builds_new_communicators(route):
     result = hvdrun(ROUNDS, np=2, env=ROUTES[route], timeout=120).check()
     for rank in (0, 1):
         assert result.ranks[rank]["seen"] == [[3.0, {"[0, 1]": ""}], [3.0, {"[0, 1]": ""}]], result.ranks[rank]
+
+
+SETS_AND_JOIN = PRELUDE.replace("hvd.init()", "hvd.init(process_sets=[hvd.ProcessSet([1])])") + r'''
+odd = basics.runtime().process_sets[1]
+x = torch.full((8,), float(r + 1), device=dev)
+got = {"global": hvd.allreduce(x, op=hvd.Sum, name="everyone")[0].item()}
+if r == 1:  # a set of one member: its own communicator
+    got["set"] = hvd.allreduce(x, op=hvd.Sum, name="alone", process_set=odd)[0].item()
+    got["last"] = hvd.join()
+else:  # rank 1 has joined: it contributes zeros, and Average still divides by 2
+    got["joined"] = hvd.allreduce(x, op=hvd.Average, name="while_joined")[0].item()
+    got["last"] = hvd.join()
+report(got=got, routes=routes())
+'''
+
+
+@pytest.mark.parametrize("route", ["nccl"])
+def test_process_sets_and_join_on_the_gpu(route):
+    result = hvdrun(SETS_AND_JOIN, np=2, env=ROUTES[route], timeout=120).check()
+    assert result.ranks[0]["got"] == {"global": 3.0, "joined": 0.5, "last": 0}, result.ranks[0]
+    assert result.ranks[1]["got"] == {"global": 3.0, "set": 2.0, "last": 0}, result.ranks[1]
+    assert result.ranks[1]["routes"] == {"[0, 1]": "", "[1]": ""}, result.ranks[1]["routes"]
