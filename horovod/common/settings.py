@@ -49,6 +49,13 @@ def env_float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _hex(raw: str, name: str) -> bytes:
+    try:
+        return bytes.fromhex(raw.strip())
+    except ValueError:
+        raise ValueError(f"{name} is not hexadecimal (the job's secret, e.g. from `openssl rand -hex 32`)") from None
+
+
 def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
     raw = env.get(name, "").strip().lower()
     if not raw:
@@ -251,7 +258,7 @@ class Settings:
             bootstrap=bootstrap,
             rendezvous_addr=env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR") or None,
             rendezvous_port=int(port) if port else None,
-            secret_key=bytes.fromhex(key_hex) if key_hex else None,
+            secret_key=_hex(key_hex, "_HOROVOD_SECRET_KEY") if key_hex else None,
             secret_key_file=env.get("HOROVOD_SECRET_KEY_FILE") or None,
             fusion_threshold=_int(env, "HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD),
             cycle_time_ms=env_float(env, "HOROVOD_CYCLE_TIME", 1.0),

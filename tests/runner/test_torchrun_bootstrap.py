@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from horovod.common.bootstrap.torchrun import TorchrunBootstrap
 from horovod.common.launcher_env import check_not_alone, launcher_sizes, torch_launch
 from horovod.common.settings import Settings, detect_bootstrap
 from tests.support.multirank import child_env, hvdrun
@@ -96,6 +97,12 @@ def test_detection_of_a_torch_style_launcher():
     assert settings.bootstrap == "torchrun" and settings.torch_launch is not None
     assert settings.secret_key_file == "/etc/hvd/key"
     assert Settings.from_env({**TORCH, "HOROVOD_BOOTSTRAP": "env"}).torch_launch is None
+    explicit = Settings.from_env({**TORCH, "OMPI_COMM_WORLD_SIZE": "4", "HOROVOD_BOOTSTRAP": "torchrun"})
+    assert explicit.bootstrap == "torchrun" and explicit.torch_launch is not None
+    with pytest.raises(ValueError, match="_HOROVOD_SECRET_KEY is not hexadecimal"):
+        Settings.from_env({"_HOROVOD_SECRET_KEY": "not hex"})
+    with pytest.raises(ValueError, match="needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT"):
+        TorchrunBootstrap().join(Settings.from_env({"HOROVOD_BOOTSTRAP": "torchrun"}), 0)
 
 
 def test_launcher_sizes_and_the_alone_check():
