@@ -66,7 +66,7 @@ def _join(settings: Settings, comm: Any, process_sets: Sequence[ProcessSet] | No
         membership = bootstrap.join(settings, _state.last_round(), comm)
         _state.record_round(membership.round)
         # From here on the slot is the bootstrap's: everything below reads it from these settings.
-        joined = dataclasses.replace(settings, topology=membership.topology)
+        joined = membership.settings_for(settings)
         try:
             transport, sets = _connect(joined, membership, process_sets)
         except HorovodInternalError:

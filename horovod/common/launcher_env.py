@@ -83,3 +83,82 @@ def _slurm(env: Mapping[str, str]) -> LauncherSlot:
         raise ValueError(f"SLURM_NODEID={node} but SLURM_STEP_TASKS_PER_NODE lists {len(counts)} nodes")
     return LauncherSlot("srun", _number(env, "SLURM_PROCID"), sum(counts), lr, counts[node],
                         sum(1 for c in counts[:node] if c > lr), sum(1 for c in counts if c > lr))
+
+
+@dataclass(frozen=True)
+class TorchLaunch:
+    """What a torch-style launcher (torchrun, Kubeflow's PyTorchJob, JobSet) tells each process:
+    its slot, where torch's own store is, and which attempt of the job this is."""
+
+    slot: LauncherSlot
+    master_addr: str
+    master_port: int
+    restart_count: int  # torchrun's TORCHELASTIC_RESTART_COUNT: a restarted job meets afresh
+    agent_store: bool  # torchrun's agent already serves the store at MASTER_ADDR:MASTER_PORT
+
+
+#: The variables whose presence says a torch-style launcher started this process.
+TORCH_LAUNCH_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+#: Where the launcher gives the index of this process's host (torchrun, PyTorchJob, JobSet), in order.
+_NODE_RANK_VARIABLES = ("GROUP_RANK", "NODE_RANK", "JOB_COMPLETION_INDEX")
+
+
+def torch_launch(env: Mapping[str, str]) -> TorchLaunch | None:
+    """The torch-style launch `env` describes; None unless every `TORCH_LAUNCH_VARIABLES` is set.
+    A process with no LOCAL_* variables is alone on its host (a PyTorchJob pod of one process)."""
+    if not all(env.get(name, "").strip() for name in TORCH_LAUNCH_VARIABLES):
+        return None
+    size, rank = _number(env, "WORLD_SIZE"), _number(env, "RANK")
+    local_size, local_rank = _number(env, "LOCAL_WORLD_SIZE", 1), _number(env, "LOCAL_RANK")
+    port = _number(env, "MASTER_PORT")
+    if size < 1:
+        raise ValueError(f"WORLD_SIZE={size} must be at least 1")
+    for name, value, limit in (("RANK", rank, size), ("LOCAL_RANK", local_rank, local_size)):
+        if not 0 <= value < limit:
+            raise ValueError(f"{name}={value} must be between 0 and {limit - 1} "
+                             f"({'WORLD_SIZE' if name == 'RANK' else 'LOCAL_WORLD_SIZE'}={limit})")
+    if not 0 < local_size <= size:
+        raise ValueError(f"LOCAL_WORLD_SIZE={local_size} must be between 1 and WORLD_SIZE={size}")
+    if not 0 < port < 65536:
+        raise ValueError(f"MASTER_PORT={port} is not a TCP port")
+    hosts = -(-size // local_size)
+    last = size - (hosts - 1) * local_size  # the last host may hold fewer ranks
+    node = next((name for name in _NODE_RANK_VARIABLES if env.get(name, "").strip()), None)
+    cross_rank = _number(env, node) if node else rank // local_size
+    if not 0 <= cross_rank < hosts:
+        raise ValueError(f"{node}={cross_rank} but WORLD_SIZE={size} and LOCAL_WORLD_SIZE={local_size} "
+                         f"make {hosts} host(s)")
+    slot = LauncherSlot("torchrun", rank, size, local_rank, local_size, cross_rank,
+                        hosts if local_rank < last else hosts - 1)
+    return TorchLaunch(slot, env["MASTER_ADDR"].strip(), port, _number(env, "TORCHELASTIC_RESTART_COUNT"),
+                       env.get("TORCHELASTIC_USE_AGENT_STORE", "").strip() == "True")
+
+
+#: Variables in which a launcher states the job's size, in the order they are reported.
+SIZE_VARIABLES = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS")
+
+
+def launcher_sizes(env: Mapping[str, str]) -> tuple[tuple[str, int], ...]:
+    """(variable, value) for each of `SIZE_VARIABLES` that says the job has several processes.
+    Slurm's SLURM_NTASKS counts only inside a job step (srun): a batch script sees it too."""
+    found = []
+    for name in SIZE_VARIABLES:
+        if name == "SLURM_NTASKS" and not env.get("SLURM_STEP_ID"):
+            continue
+        raw = env.get(name, "").strip()
+        if raw.isdigit() and int(raw) > 1:
+            found.append((name, int(raw)))
+    return tuple(found)
+
+
+def check_not_alone(bootstrap: str, size: int, sizes: tuple[tuple[str, int], ...]) -> None:
+    """ValueError when the bootstrap found a job of one while a launcher says there are more:
+    every process would otherwise train alone, silently."""
+    if size != 1 or not sizes:
+        return
+    name, value = sizes[0]
+    raise ValueError(
+        f"hvd.init() found this process alone (bootstrap {bootstrap!r}, size 1) but {name}={value} says the "
+        f"job has {value} processes, so each would train on its own. Start the job with horovodrun, mpirun, "
+        "srun or torchrun (with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set), or choose the bootstrap "
+        f"with HOROVOD_BOOTSTRAP; unset {name} if this process really is meant to run alone")

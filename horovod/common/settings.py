@@ -10,7 +10,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from horovod.common.launcher_env import LauncherSlot, launcher_slot
+from horovod.common.launcher_env import (TORCH_LAUNCH_VARIABLES, LauncherSlot, TorchLaunch, launcher_sizes,
+                                         launcher_slot, torch_launch)
 
 DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
 # khorovod extension: how long a peer that went away without closing its connections (host down,
@@ -48,6 +49,13 @@ def env_float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _hex(raw: str, name: str) -> bytes:
+    try:
+        return bytes.fromhex(raw.strip())
+    except ValueError:
+        raise ValueError(f"{name} is not hexadecimal (the job's secret, e.g. from `openssl rand -hex 32`)") from None
+
+
 def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
     raw = env.get(name, "").strip().lower()
     if not raw:
@@ -58,15 +66,20 @@ def _flag(env: Mapping[str, str], name: str, default: bool = False) -> bool:
 def detect_bootstrap(env: Mapping[str, str]) -> str:
     """Who started this process, when HOROVOD_BOOTSTRAP does not say: our launcher ("env", its
     HOROVOD_RANK), mpirun/mpiexec ("mpi": Open MPI's OMPI_COMM_WORLD_*, MPICH's and PMIx's PMI_*),
-    or Slurm's srun (a job step's SLURM_PROCID: "mpi" too, srun's PMIx plugin serves MPI the job).
-    Job scripts then need no change."""
+    Slurm's srun (a job step's SLURM_PROCID: "mpi" too, srun's PMIx plugin serves MPI the job), or
+    a torch-style launcher ("torchrun": RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; torchrun itself,
+    Kubeflow's PyTorchJob). torchrun started by srun or mpirun (its TORCHELASTIC_RUN_ID) is the
+    launcher nearest the process, so it wins over theirs. Job scripts then need no change."""
     if env.get("HOROVOD_RANK", "").strip():
         return "env"
+    torch_style = all(env.get(name, "").strip() for name in TORCH_LAUNCH_VARIABLES)
+    if torch_style and env.get("TORCHELASTIC_RUN_ID", "").strip():
+        return "torchrun"
     if any(env.get(name) for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")):
         return "mpi"
     if env.get("SLURM_PROCID") and env.get("SLURM_STEP_ID") and env.get("SLURM_NTASKS"):
         return "mpi"
-    return "env"
+    return "torchrun" if torch_style else "env"
 
 
 @dataclass(frozen=True)
@@ -148,11 +161,15 @@ class Settings:
     topology: Topology = field(default_factory=Topology)
     # Who assigns this process its slot (`horovod.common.bootstrap`): "env", our launcher's
     # variables; "store", the round plan the launcher side publishes in the rendezvous store;
-    # "mpi", the MPI library of a job mpirun or srun started (`detect_bootstrap`).
+    # "mpi", the MPI library of a job mpirun or srun started; "torchrun", the variables of a
+    # torch-style launcher (`detect_bootstrap`).
     bootstrap: str = "env"
     rendezvous_addr: str | None = None
     rendezvous_port: int | None = None
     secret_key: bytes | None = None
+    # khorovod extension (HOROVOD_SECRET_KEY_FILE): a file holding the job's secret, the same on every
+    # host (a mounted Kubernetes Secret), for jobs our launcher did not start (`bootstrap.torchrun`).
+    secret_key_file: str | None = None
     fusion_threshold: int = DEFAULT_FUSION_THRESHOLD
     cycle_time_ms: float = 1.0
     cache_capacity: int = 1024
@@ -205,6 +222,12 @@ class Settings:
     # The slot mpirun's or srun's own variables give (`launcher_env`): the mpi bootstrap's answer
     # where mpi4py is not installed.
     launcher_slot: LauncherSlot | None = None
+    # What torchrun, Kubeflow's PyTorchJob or JobSet tell the process (RANK, WORLD_SIZE, MASTER_*):
+    # the torchrun bootstrap's slot and meeting point.
+    torch_launch: TorchLaunch | None = None
+    # Which launcher variables say the job has several processes (`launcher_env.launcher_sizes`):
+    # `init()` refuses to run alone against them. Empty when our launcher set HOROVOD_SIZE: it knows.
+    launcher_sizes: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -229,12 +252,14 @@ class Settings:
         def tristate(name: str) -> bool | None:
             return _flag(env, name) if env.get(name, "").strip() else None
 
+        bootstrap = (env.get("HOROVOD_BOOTSTRAP") or detect_bootstrap(env)).strip().lower()
         return cls(
             topology=topology,
-            bootstrap=(env.get("HOROVOD_BOOTSTRAP") or detect_bootstrap(env)).strip().lower(),
+            bootstrap=bootstrap,
             rendezvous_addr=env.get("HOROVOD_GLOO_RENDEZVOUS_ADDR") or None,
             rendezvous_port=int(port) if port else None,
-            secret_key=bytes.fromhex(key_hex) if key_hex else None,
+            secret_key=_hex(key_hex, "_HOROVOD_SECRET_KEY") if key_hex else None,
+            secret_key_file=env.get("HOROVOD_SECRET_KEY_FILE") or None,
             fusion_threshold=_int(env, "HOROVOD_FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD),
             cycle_time_ms=env_float(env, "HOROVOD_CYCLE_TIME", 1.0),
             cache_capacity=_int(env, "HOROVOD_CACHE_CAPACITY", 1024),
@@ -267,4 +292,6 @@ class Settings:
             autotune=AutotuneSettings.from_env(env),
             slurm_tasks=_int(env, "SLURM_NTASKS", 0) if env.get("SLURM_STEP_ID") else 0,
             launcher_slot=launcher_slot(env),
+            torch_launch=torch_launch(env) if bootstrap == "torchrun" else None,
+            launcher_sizes=() if env.get("HOROVOD_SIZE", "").strip() else launcher_sizes(env),
         )

@@ -8,6 +8,7 @@ new way of starting workers (an elastic driver, MPI) is one more bootstrap, not 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,6 +24,17 @@ class Membership:
     rendezvous: RendezvousClient | None  # the round's store; None for a job of one rank
     round: int  # the store's round number: scopes everything this generation publishes there
     communicator: Any = None  # the job's mpi4py communicator, when MPI started the job
+    # The store's address and the job's secret, when the bootstrap set the store up itself (no
+    # launcher of ours named them in HOROVOD_GLOO_RENDEZVOUS_*): the transport meets there.
+    store_address: tuple[str, int] | None = None
+    secret_key: bytes | None = None
+
+    def settings_for(self, settings: Settings) -> Settings:
+        """`settings` as this round sees them: the bootstrap's slot, and its store where it has one."""
+        if self.store_address is None:
+            return dataclasses.replace(settings, topology=self.topology)
+        return dataclasses.replace(settings, topology=self.topology, rendezvous_addr=self.store_address[0],
+                                   rendezvous_port=self.store_address[1], secret_key=self.secret_key)
 
     def close(self) -> None:
         if self.rendezvous is not None:

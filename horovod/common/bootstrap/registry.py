@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from horovod.common.launcher_env import check_not_alone
 from horovod.common.lazy import load
 from horovod.common.bootstrap.base import Bootstrap, Membership
 from horovod.common.settings import Settings
@@ -16,6 +17,7 @@ _FACTORIES: dict[str, str] = {
     "env": "horovod.common.bootstrap.env:EnvBootstrap",
     "store": "horovod.common.bootstrap.store:StoreBootstrap",
     "mpi": "horovod.common.bootstrap.mpi:MpiBootstrap",
+    "torchrun": "horovod.common.bootstrap.torchrun:TorchrunBootstrap",
 }
 
 
@@ -28,5 +30,12 @@ def create(name: str) -> Bootstrap:
 
 
 def join(settings: Settings, previous_round: int, comm: Any = None) -> Membership:
-    """This process's membership in the current round, from the bootstrap `settings` name."""
-    return create(settings.bootstrap).join(settings, previous_round, comm)
+    """This process's membership in the current round, from the bootstrap `settings` name; ValueError
+    when it finds the process alone while a launcher's variables say the job has several."""
+    membership = create(settings.bootstrap).join(settings, previous_round, comm)
+    try:
+        check_not_alone(settings.bootstrap, membership.topology.size, settings.launcher_sizes)
+    except ValueError:
+        membership.close()
+        raise
+    return membership
