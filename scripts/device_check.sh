@@ -6,21 +6,22 @@
 #   bash scripts/device_check.sh                 # the GPU step (nccl), from the repository root
 #   bash scripts/device_check.sh nccl mpi        # only these steps
 #
-# Steps: nccl (the NCCL device path, about 2.5 minutes: NCCL's version, a smoke test that finds
-# how two ranks may share the one GPU, the CUDA tests on both device routes, a rank killed
-# mid-allreduce, busbw against torch.distributed's NCCL, training against DDP over NCCL; or
-# only some of it: nccl-tests, nccl-busbw, nccl-train, each after the smoke test; nccl-fresh:
-# the training benchmark in 3 more fresh jobs per model, for the spread),
-# cuda (the CUDA tests alone), mpi (the MPI
+# Steps: nccl (the NCCL device path: NCCL's version, a smoke test that finds how two ranks may
+# share the one GPU, the CUDA and JAX GPU tests on both device routes with a rank killed
+# mid-allreduce, busbw against torch.distributed's NCCL, training against DDP over NCCL; or only
+# some of it, each after the smoke test: nccl-tests, nccl-busbw, nccl-train, nccl-sets (process
+# sets and join); nccl-fresh: the training benchmark in 3 more fresh jobs per model, for the
+# spread), cuda (the CUDA tests alone), mpi (the MPI
 # path against raw mpi4py at 4 and 2 ranks, and where its time goes), threads (torch training
 # with 1 and 4 intra-op threads per rank), fresh (20 fresh jobs), gpu-train (torch training on
 # the GPU), scaling (4 ranks with a core each). The machine's image has torch and mpi4py over
 # Debian's Open MPI; packages it lacks can travel as wheels in .whl/. The repository runs from
 # its checkout (PYTHONPATH), and horovodrun is `python -m horovod.runner.launch`.
 #
-# Session 10's times there (H100 machine): machine 8 s, cuda 25 s, gpu-train 14 s, mpi 190 s,
-# threads 85 s, fresh 124 s, scaling 18 s: about 8 minutes for everything, plus the machine's
-# start (under a minute): one call of a 15-minute lease, with room to re-run a step or two.
+# Times there (H200 machine): machine 8 s, the NCCL versions 6 s, smoke test 7 s, nccl-tests
+# 73 s, nccl-busbw 19 s, nccl-train 45 s, nccl-fresh 130 s, nccl-sets 12 s; so `nccl` takes about
+# 2.5 minutes plus the machine's start (20-30 s). On the H100 machine: cuda 25 s, gpu-train 14 s,
+# mpi 190 s, threads 85 s, fresh 124 s, scaling 18 s.
 set -uo pipefail
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"

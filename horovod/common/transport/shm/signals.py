@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 # says a framework thread drives the engine and watches for messages itself.
 # BLAME: 1 + the rank our failure report named.
 WAITING, CLOSED, BLAME, TARGET, IDLE, DRIVEN = 0, 1, 2, 3, 4, 5
+# In the BLAME word, above the blamed rank (+1): the rank's host stopped answering.
+BLAMED_UNREACHABLE = 1 << 40
 ANY_PEER = 0xFFFF
 HEADER_WORDS = 8
 IDLE_SUFFIX = ".idle"  # the idle engine thread's bell: the driver's bell address + this
@@ -228,7 +230,9 @@ class Signals:
             deaths.listeners.clear()
             if deaths.reported is not None:
                 deaths.announce()  # the reason first, in the store: a peer that reads BLAME can find it
-                self.mine.header[BLAME] = deaths.reported + 1
+                # ... and whether its host stopped answering, here too: the store may be cut off as well.
+                cut_off = BLAMED_UNREACHABLE if deaths.reported_unreachable else 0
+                self.mine.header[BLAME] = (deaths.reported + 1) | cut_off
         self.mine.header[CLOSED] = 1
         fence()
         for q in range(len(self.members)):
@@ -240,16 +244,18 @@ class Signals:
         """Called by the TCP mesh's death watch: a connection closed, stop waiting."""
         self.wake(self.me)
 
-    def _blamed_by(self, rank: int) -> int | None:
-        """Whom local `rank` named when it failed (itself if it named nobody); None if not local."""
+    def _blamed_by(self, rank: int) -> tuple[int, bool] | None:
+        """Whom local `rank` named when it failed (itself if it named nobody), and whether it said
+        that rank's host stopped answering; None if `rank` is not local."""
         q = self.index.get(rank)
         try:
-            blamed = self.segments[q].header[BLAME] if q is not None else None
+            word = self.segments[q].header[BLAME] if q is not None else None
         except (TypeError, IndexError):  # released meanwhile (we are closing)
             return None
-        if blamed is None:
+        if word is None:
             return None
-        return blamed - 1 if blamed else rank
+        blamed = word & ~BLAMED_UNREACHABLE
+        return (blamed - 1 if blamed else rank), bool(word & BLAMED_UNREACHABLE)
 
     def _failure(self, rank: int, reason: str) -> PeerFailure:
         deaths = self.tcp.deaths

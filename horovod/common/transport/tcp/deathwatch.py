@@ -59,7 +59,9 @@ class DeathWatch:
         self._tellers: dict[int, int] = {}  # who blamed a rank (the first to tell us)
         self._reported_reason = ""
         self.listeners: list[Callable[[], None]] = []  # called (on the watch thread) when a connection closes
-        self.local_cause: Callable[[int], int | None] | None = None  # whom a rank blamed, if known locally
+        # Whom a rank blamed, and whether it said that rank's host stopped answering, where a faster
+        # channel than the store tells (shared memory, which also works when the store is cut off).
+        self.local_cause: Callable[[int], tuple[int, bool] | None] | None = None
         self.reported: int | None = None  # the rank our own failure report named
         self._rank = rank
         self._store, self._scope = store, scope
@@ -106,7 +108,12 @@ class DeathWatch:
     def _cause(self, rank: int) -> int:
         """Whom `rank` blamed when it stopped, or `rank` itself if it left no word (it crashed)."""
         local_cause = self.local_cause
-        known = local_cause(rank) if local_cause is not None else None
+        local = local_cause(rank) if local_cause is not None else None
+        known = None
+        if local is not None:
+            known, cut_off = local
+            if cut_off and known != rank:
+                self._told.setdefault(known, unreachable(self._detection_seconds, f"as rank {rank} saw it"))
         word = self._word_of(rank)  # the store also carries why, even when shared memory told us whom
         if known is None:
             if word is None:
@@ -158,6 +165,11 @@ class DeathWatch:
         if self.reported is None:
             self.reported, self._reported_reason = first, how
         return PeerFailure(first, how, self.hosts.get(first))
+
+    @property
+    def reported_unreachable(self) -> bool:
+        """Whether our own failure report said the rank it named stopped answering."""
+        return self._reported_reason.startswith("stopped answering")
 
     def announce(self) -> None:
         """Before our connections close: tell the others whom we blamed and why, if we failed."""
