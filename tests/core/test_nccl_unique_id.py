@@ -12,24 +12,32 @@ if library.find(Settings()).path is None:
     pytest.skip("no libnccl here (pip install 'khorovod[nccl]')", allow_module_level=True)
 
 SHARE = r'''
-import horovod.numpy as hvd
-from horovod.common import basics
+# The engine shares the id from inside a cycle, where nothing else uses the transport; here the
+# transport stands alone (no engine), over TCP, as one round of the job joined it.
+from horovod.common import bootstrap
 from horovod.common.settings import Settings
+from horovod.common.transport import TransportContext, create
 from horovod.common.transport.nccl import library
 from horovod.common.transport.nccl.transport import share_unique_id
 
-hvd.init()
-nccl = library.load(library.find(Settings.from_env()).path)
+settings = Settings.from_env()
+membership = bootstrap.join(settings, 0)
+settings = membership.settings_for(settings)
+transport = create("tcp", TransportContext(membership.topology, settings, membership.rendezvous, membership.round))
+nccl = library.load(library.find(settings).path)
 made = []
 
 def make():
     made.append(True)
     return nccl.unique_id()
 
-transport = basics.runtime().transport
+rank = membership.topology.rank
 everyone = share_unique_id(transport, [0, 1, 2], make)
-pair = share_unique_id(transport, [1, 2], make) if hvd.rank() in (1, 2) else b""
+pair = share_unique_id(transport, [1, 2], make) if rank in (1, 2) else b""
+transport.exchange([0, 1, 2], b"")  # nobody leaves while another still reads
 report(everyone=everyone.hex(), pair=pair.hex(), made=len(made))
+transport.close()
+membership.close()
 '''
 
 
