@@ -19,11 +19,9 @@ import threading
 
 from horovod.common.exceptions import DeviceError
 
-_DEVICE_TO_DEVICE = 3
 _DEFAULT_COPY = 4  # cudaMemcpyDefault: the direction is read off the pointers (unified addressing)
 _STREAM_NON_BLOCKING = 1
 _EVENT_DISABLE_TIMING = 2
-_NOT_READY = 600  # cudaErrorNotReady, from cudaEventQuery
 
 
 class CudaError(DeviceError):
@@ -84,10 +82,7 @@ class CudaRuntime:
             "cudaStreamSynchronize": [vp],
             "cudaStreamWaitEvent": [vp, vp, ctypes.c_uint],
             "cudaEventCreateWithFlags": [ctypes.POINTER(vp), ctypes.c_uint],
-            "cudaEventDestroy": [vp],
             "cudaEventRecord": [vp, vp],
-            "cudaEventSynchronize": [vp],
-            "cudaEventQuery": [vp],
             "cudaMemcpyAsync": [vp, vp, sz, ctypes.c_int, vp],
             "cudaMemsetAsync": [vp, ctypes.c_int, sz, vp],
             "cudaMalloc": [ctypes.POINTER(vp), sz],
@@ -143,25 +138,12 @@ class CudaRuntime:
                     "cudaEventCreateWithFlags")
         return handle.value or 0
 
-    def destroy_event(self, event: int) -> None:
-        self._lib.cudaEventDestroy(event)
-
     def record(self, event: int, stream: int) -> None:
         self._check(self._lib.cudaEventRecord(event, stream), "cudaEventRecord")
 
     def wait_event(self, stream: int, event: int) -> None:
         """Work queued on `stream` from now on starts after `event`'s recorded work is done."""
         self._check(self._lib.cudaStreamWaitEvent(stream, event, 0), "cudaStreamWaitEvent")
-
-    def event_done(self, event: int) -> bool:
-        code = self._lib.cudaEventQuery(event)
-        if code == _NOT_READY:
-            return False
-        self._check(code, "cudaEventQuery")
-        return True
-
-    def event_synchronize(self, event: int) -> None:
-        self._check(self._lib.cudaEventSynchronize(event), "cudaEventSynchronize")
 
     # -- memory ----------------------------------------------------------------------------
     def copy(self, dst: int, src: int, nbytes: int, stream: int) -> None:
