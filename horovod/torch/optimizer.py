@@ -78,9 +78,9 @@ class _DistributedOptimizer:
         self._reducer = reducer  # op, scale factors, groups, process set, compression
         self._sparse_as_dense = sparse_as_dense
         self._backward_passes_per_step = backward_passes_per_step
-        self._names = _parameter_names(optimizer, named_parameters)
+        self._parameter_names = _parameter_names(optimizer, named_parameters)  # Horovod's name
         params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
-        self._buckets = _make_buckets(params, reducer, self._names)
+        self._buckets = _make_buckets(params, reducer, self._parameter_names)
         self._bucket_of = {p: b for b in self._buckets for p in b.params}
         self._passes_left = dict.fromkeys(params, backward_passes_per_step)
         self._inflight: list[tuple[Pending | Callable[[], torch.Tensor], list[tuple]]] = []
@@ -130,9 +130,10 @@ class _DistributedOptimizer:
         left = self._passes_left[param] - 1
         if left < 0:
             raise AssertionError(
-                f"the gradient of {self._names[param]} was computed more than backward_passes_per_step="
-                f"{self._backward_passes_per_step} times before step(); call step() (or synchronize()) after "
-                "that many backward passes, or raise backward_passes_per_step")
+                "Gradients were computed more than backward_passes_per_step times before call to step(). "
+                f"The gradient of {self._parameter_names[param]} was computed more than backward_passes_per_step="
+                f"{self._backward_passes_per_step} times; call step() (or synchronize()) after that many "
+                "backward passes, or raise backward_passes_per_step to accumulate gradients locally.")
         self._passes_left[param] = left
         self._synchronized = False
         if left == 0:
@@ -155,10 +156,10 @@ class _DistributedOptimizer:
                 grad = p.grad = torch.zeros_like(p)
             if grad.is_sparse:
                 if not self._sparse_as_dense:
-                    handle = sparse_allreduce_async(grad, self._names[p], reducer.op, reducer.process_set)
+                    handle = sparse_allreduce_async(grad, self._parameter_names[p], reducer.op, reducer.process_set)
                     self._inflight.append((handle, [(p, grad, None, None)]))
                     continue
-                grad = p.grad = grad.to_dense()
+                grad = grad.to_dense()  # handed back sparse once reduced (synchronize)
             sent, ctx = reducer.compression.compress(grad)
             dense.append((p, grad, sent, ctx))
         if not dense:
@@ -190,6 +191,8 @@ class _DistributedOptimizer:
                     for p, grad, sent, ctx in items:
                         if sent is not grad:
                             grad.copy_(self._reducer.compression.decompress(sent, ctx))
+                        if grad is not p.grad:  # sparse_as_dense: the optimizer (SparseAdam) wants it sparse
+                            p.grad = grad.to_sparse(p.grad.sparse_dim())
                 else:  # a sparse gradient: the reduced tensor replaces it
                     items[0][0].grad = pending()
         finally:
@@ -223,10 +226,10 @@ class _DistributedOptimizer:
         where there are none), so ranks that skip a batch never leave the others waiting."""
         if self._should_synchronize:
             if self._synchronized:
-                warnings.warn("optimizer.step() was called after an explicit optimizer.synchronize() without "
-                              "`with optimizer.skip_synchronize():`. The gradients already averaged are used, "
-                              "but wrap step() in skip_synchronize() when you synchronize yourself.",
-                              UserWarning, stacklevel=2)
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(). The gradients already averaged are used (they are not "
+                              "reduced a second time); wrap step() in `with optimizer.skip_synchronize():` when "
+                              "you synchronize yourself.", UserWarning, stacklevel=2)
             self.synchronize()
         try:
             if closure is None:
@@ -238,9 +241,9 @@ class _DistributedOptimizer:
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._inflight or self._held:
             raise AssertionError(
-                "zero_grad() was called while gradient allreduces of this step are still running "
-                "(after backward, before step() or synchronize()); that would race with them. Call "
-                "step() or synchronize() first.")
+                "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
+                "optimizer.synchronize(). Gradient allreduces of this step are still running and would race "
+                "with it; call step() or synchronize() first.")
         self._optimizer.zero_grad(set_to_none=set_to_none)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
@@ -260,8 +263,8 @@ class _DistributedOptimizer:
         g = len(self._optimizer.param_groups) - 1
         new = [p for p in self._optimizer.param_groups[g]["params"] if p.requires_grad and p not in self._passes_left]
         for i, p in enumerate(new):
-            self._names.setdefault(p, f"noname.{g}.{i}")
-            bucket = _Bucket([p], self._names[p])
+            self._parameter_names.setdefault(p, f"allreduce.noname.{g}.{i}")
+            bucket = _Bucket([p], self._parameter_names[p])
             self._buckets.append(bucket)
             self._bucket_of[p] = bucket
             self._passes_left[p] = self._backward_passes_per_step
@@ -278,24 +281,26 @@ def _parameter_names(optimizer: torch.optim.Optimizer, named_parameters: Any) ->
     """A unique op name for every parameter: the model's names, else its position."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if named_parameters is None:
-        return {p: f"noname.{g}.{i}" for g, group in enumerate(optimizer.param_groups)
+        return {p: f"allreduce.noname.{g}.{i}" for g, group in enumerate(optimizer.param_groups)
                 for i, p in enumerate(group["params"])}
     named = list(named_parameters)
     if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
-        raise ValueError("named_parameters must be a sequence of (name, parameter) tuples, as "
-                         "model.named_parameters() produces")
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), usually produced "
+                         "by model.named_parameters().")
     counts = Counter(name for name, _ in named)
     duplicates = sorted(name for name, count in counts.items() if count > 1)
     if duplicates:
-        raise ValueError(f"named_parameters has duplicate names: {', '.join(duplicates)}; every parameter "
-                         "needs its own name (its gradient's allreduce is matched across ranks by name)")
+        raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: "
+                         f"{', '.join(duplicates)}. Every parameter needs its own name: its gradient's allreduce "
+                         "is matched across ranks by name.")
     by_param = {p: name for name, p in named}
     missing = [p for p in params if p not in by_param]
     if missing:
-        shown = ", ".join(f"{tuple(p.shape)} (id {id(p)})" for p in missing[:5])
-        raise ValueError(f"named_parameters does not name {len(missing)} of the optimizer's parameters: {shown}"
-                         f"{' ...' if len(missing) > 5 else ''}. Pass model.named_parameters() of the model "
-                         "whose parameters the optimizer updates")
+        shown = ", ".join(str(tuple(p.shape)) for p in missing[:5])
+        raise ValueError("named_parameters was specified, but one or more model parameters were not named. "
+                         f"Python object ids: {', '.join(str(id(p)) for p in missing)}. The {len(missing)} "
+                         f"unnamed ones have shapes {shown}{' ...' if len(missing) > 5 else ''}; pass "
+                         "model.named_parameters() of the model whose parameters the optimizer updates.")
     return by_param
 
 
@@ -350,7 +355,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     gradient_predivide_factor: with Average, divide by this before the sum and by size/factor after.
     groups: an int N to reduce the parameters in N grouped allreduces, or a list of parameter lists
       (each reduced as one; parameters in no list go alone). `num_groups` is its deprecated name.
-    sparse_as_dense: reduce sparse gradients as dense tensors instead of by gathering.
+    sparse_as_dense: reduce sparse gradients as dense tensors instead of by gathering; the wrapped
+      optimizer still receives them sparse.
     """
     if backward_passes_per_step <= 0:
         raise ValueError(f"backward_passes_per_step must be > 0, got {backward_passes_per_step}")

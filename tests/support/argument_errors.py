@@ -76,7 +76,7 @@ TABLE = [
     Row("optimizer_parameters_not_named", "hvd.DistributedOptimizer(optimizer(), named_parameters=list("
         "model.parameters()))", ("torch",), "ValueError", ("named_parameters", "tuple")),
     Row("optimizer_parameters_missing", "hvd.DistributedOptimizer(optimizer(), named_parameters=[('w', "
-        "model.weight)])", ("torch",), "ValueError", ("named_parameters", "does not name")),
+        "model.weight)])", ("torch",), "ValueError", ("named_parameters", "were not named")),
 ]
 OPTIMIZERS = {"torch": "torch.optim.SGD(model.parameters(), lr=0.1)", "tensorflow": "keras.optimizers.SGD(0.1)",
               "keras": "keras.optimizers.SGD(0.1)", "jax": "optax.sgd(0.1)"}

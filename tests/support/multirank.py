@@ -41,6 +41,13 @@ class RunResult:
         assert self.returncode == 0, f"job failed ({self.returncode}):\n{self.stdout}\n{self.stderr}"
         return self
 
+    def every_rank(self, np: int) -> list[tuple[int, dict]]:
+        """(rank, its reports) for ranks 0..np-1, after checking that each of them reported: a
+        loop over these cannot pass with a rank that printed nothing."""
+        assert sorted(self.ranks) == list(range(np)), (
+            f"ranks that reported: {sorted(self.ranks)}, expected 0..{np - 1}\n{self.stdout}\n{self.stderr}")
+        return sorted(self.ranks.items())
+
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "_HOROVOD"))}

@@ -130,6 +130,15 @@ for step in range(3):
     opt.step()
 report(unused_agree=agree(model))
 
+# A parameter group added after wrapping is averaged like the others.
+extra = torch.nn.Linear(3, 2)
+hvd.broadcast_parameters(extra.state_dict(), root_rank=0)
+opt.add_param_group({"params": list(extra.parameters())})
+opt.zero_grad()
+(extra(trunk(torch.randn(4, 3))).sum() * (r + 1)).backward()
+opt.step()
+report(added_group_agree=agree(extra))
+
 # A rank with no batch this step runs no backward but still steps: it reduces zeros, nobody hangs.
 opt.zero_grad()
 if r == 0:
@@ -156,14 +165,16 @@ with opt.skip_synchronize():
     opt.step()
 report(clip_agree=agree(model))
 
-# Sparse embedding gradients, gathered or reduced as dense.
+# Sparse embedding gradients, gathered or reduced as dense: how much rows 0, 1 and 4 moved.
 for dense in (False, True):
     torch.manual_seed(1)
     emb = torch.nn.Embedding(6, 2, sparse=True)
+    before = emb.weight.detach()[[0, 1, 4]].sum(1)
     eopt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.5), sparse_as_dense=dense)
     emb(torch.tensor([r, 4])).sum().backward()
     eopt.step()
-    report(**{f"sparse_{dense}": emb.weight.detach()[[0, 1, 4]].sum(1).tolist()})
+    report(**{f"sparse_{dense}": (emb.weight.detach()[[0, 1, 4]].sum(1) - before).tolist(),
+              f"sparse_{dense}_stays_sparse": emb.weight.grad.is_sparse})
 
 # More backward passes than backward_passes_per_step: a clear AssertionError on every rank.
 opt2 = hvd.DistributedOptimizer(torch.optim.SGD(trunk.parameters(), lr=0.1), backward_passes_per_step=1)
@@ -174,34 +185,110 @@ except AssertionError as exc:
     report(too_many=str(exc))
 opt2.synchronize()
 
-# A subset of ranks: a process set with rank 0 only trains alone.
+# A subset of ranks: in a process set of rank 0 alone, rank 0's gradient (1) is not averaged with
+# rank 1's (2); rank 1, outside the set, steps on its own gradient.
 hvd.shutdown()
 solo = hvd.ProcessSet([0])
 hvd.init(process_sets=[solo])
 lin = torch.nn.Linear(2, 1)
+start = lin.weight.detach().clone()
 sopt = hvd.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1), process_set=solo)
-lin(torch.ones(1, 2)).sum().backward()
+lin(torch.full((1, 2), r + 1.0)).sum().backward()
 sopt.step()
-report(solo_ok=True)
+report(solo_moved=(lin.weight.detach() - start).reshape(-1).tolist())
 '''
 
 
 def test_optimizer_behaviour_on_two_ranks():
     result = hvdrun(BEHAVIOUR, np=2, timeout=120).check()
-    for rank in (0, 1):
-        got = result.ranks[rank]
+    for rank, got in result.every_rank(2):
         assert got["unused_agree"] and got["clip_agree"] and got["skipped_backward_agree"]
+        assert got["added_group_agree"] is True
+        assert got["too_many"].startswith(
+            "Gradients were computed more than backward_passes_per_step times before call to step().")
         assert "more than backward_passes_per_step=1" in got["too_many"]
-        assert got["solo_ok"]
+        assert got["solo_moved"] == pytest.approx([-0.1 * (rank + 1)] * 2, abs=1e-7), rank
         assert got["joined_last"] == 0
-        # rows 0 and 1 are each used by one rank (grad 1, averaged 0.5); row 4 by both (grad 1)
+        # rows 0 and 1 are each used by one rank (grad 1 per element, averaged 0.5); row 4 by both
+        # (grad 1): lr 0.5 moves a row's two elements by 0.25 each, or 0.5 each
         for key in ("sparse_False", "sparse_True"):
-            assert got[key] == result.ranks[0][key]
-        assert result.ranks[0]["sparse_False"] == pytest.approx(result.ranks[0]["sparse_True"])
+            assert got[key] == pytest.approx([-0.5, -0.5, -1.0], abs=1e-6), (rank, key)
+            assert got[f"{key}_stays_sparse"] is True, (rank, key)
     # the bias gradient is 2 (batch of two): two steps together, then one with rank 1 joined
     # (2 + 0, averaged over both ranks: 1)
     start = result.ranks[1]["joined_bias"] + 0.1 * 2 * 2
     assert result.ranks[0]["joined_bias"] == pytest.approx(start - 0.1 * (2 * 2 + 1))
+
+
+SPARSE_ADAM = r'''
+import warnings
+import torch
+import horovod.torch as hvd
+
+torch.set_num_threads(1)
+hvd.init()
+r, n = hvd.rank(), hvd.size()
+torch.manual_seed(0)
+BATCHES = [torch.randint(0, 9, (12,)) for _ in range(3)]  # row 9 is never looked up
+TARGETS = [torch.randn(12, 3, dtype=torch.float64) for _ in range(3)]
+
+def make():
+    torch.manual_seed(1)
+    return torch.nn.Embedding(10, 3, sparse=True).double()
+
+def train(model, optimizer, rows):
+    for ids, target in zip(BATCHES, TARGETS):
+        optimizer.zero_grad()
+        loss = ((model(ids[rows]) - target[rows]) ** 2).sum() / len(rows)
+        loss.backward()
+        optimizer.step()
+        report(**{f"sparse_grad_{type(optimizer).__name__}": model.weight.grad.is_sparse})
+
+reference = make()
+train(reference, torch.optim.SparseAdam(reference.parameters(), lr=0.1), torch.arange(12))
+for sparse_as_dense in (False, True):
+    model = make()
+    optimizer = torch.optim.SparseAdam(model.parameters(), lr=0.1)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                         sparse_as_dense=sparse_as_dense)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    train(model, optimizer, torch.arange(12)[r::n])
+    report(**{f"diff_{sparse_as_dense}": (model.weight - reference.weight).abs().max().item(),
+              f"untouched_{sparse_as_dense}": torch.equal(model.weight[9], make().weight[9])})
+
+# Without named_parameters: Horovod's names, unique and the same on every rank.
+net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+opt = torch.optim.SGD([{"params": net[0].parameters()}, {"params": net[1].parameters(), "lr": 0.2}], lr=0.1)
+opt = hvd.DistributedOptimizer(opt)
+names = [opt._parameter_names[p] for p in net.parameters()]
+report(names=names, names_agree=hvd.allgather_object(names) == [names] * n)
+
+# step() after an explicit synchronize() without skip_synchronize(): Horovod's warning.
+net(torch.randn(2, 3)).sum().backward()
+opt.synchronize()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    opt.step()
+report(warned=[str(w.message) for w in caught])
+opt.zero_grad()
+'''
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_sparse_adam_on_n_ranks_equals_one_process(np):
+    result = hvdrun(SPARSE_ADAM, np=np, timeout=120).check()
+    for rank, got in result.every_rank(np):
+        for sparse_as_dense in ("False", "True"):
+            # SparseAdam refuses dense gradients: it ran, so it was handed sparse ones
+            assert got[f"diff_{sparse_as_dense}"] < 1e-12, (rank, sparse_as_dense, got)
+            assert got[f"untouched_{sparse_as_dense}"] is True, (rank, sparse_as_dense)
+        assert got["sparse_grad_SparseAdam"] is True
+        assert got["names"] == ["allreduce.noname.0.0", "allreduce.noname.0.1", "allreduce.noname.1.0",
+                                "allreduce.noname.1.1"]
+        assert got["names_agree"] is True
+        assert len(got["warned"]) == 1, got["warned"]
+        assert got["warned"][0].startswith("optimizer.step() called without optimizer.skip_synchronize() "
+                                           "context after optimizer.synchronize().")
 
 
 BROADCASTS = r'''
