@@ -3,8 +3,8 @@
 Every public function here is a few lines over one generic path in `horovod.torch._bridge`
 (tensor <-> host array, submit, wait). Blocking variants run the engine on the calling thread;
 in-place variants (trailing `_`) let the core write straight into the tensor's memory.
-`_Collective` is the single autograd node of the differentiable (out-of-place, blocking)
-variants; the gradient of each collective is the framework-neutral rule of
+Horovod's autograd nodes (`HorovodAllreduce`, ...) are the differentiable (out-of-place,
+blocking) variants; the gradient of each collective is the framework-neutral rule of
 `horovod.common.collective_rules`, applied with torch arithmetic by `_TorchGradients`.
 
 Async variants return integer handles, as Horovod's do, for `poll` and `synchronize`.
@@ -28,6 +28,8 @@ from horovod.torch._bridge import Pending, members, run, start
 from horovod.torch.compression import Compression, Compressor
 
 __all__ = sorted({
+    "HorovodAllgather", "HorovodAllreduce", "HorovodAlltoall", "HorovodBroadcast", "HorovodGroupedAllgather",
+    "HorovodGroupedAllreduce", "HorovodGroupedReducescatter", "HorovodReducescatter",
     "Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allgather_async", "allreduce",
     "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast",
     "broadcast_", "broadcast_async", "broadcast_async_", "grouped_allgather", "grouped_allgather_async",
@@ -79,33 +81,164 @@ def synchronize(handle: int) -> Any:
 
 
 # -- autograd ---------------------------------------------------------------------------------------------
-class _Collective(torch.autograd.Function):
-    """The autograd node of every differentiable collective.
-
-    `compute(*tensors)` returns a tuple of outputs; `grad(*output_grads)` returns the input
-    gradients. Integer outputs (alltoall's received splits) are non-differentiable by dtype."""
-
-    @staticmethod
-    def forward(ctx: Any, compute: Callable[..., tuple], grad: Callable[..., Sequence], *tensors: torch.Tensor) -> Any:
-        ctx.grad_rule = grad
-        return compute(*tensors)
+# Horovod's autograd nodes, under its names and with its `forward` arguments (scripts call
+# `HorovodAllreduce.apply(...)` directly). Each runs the blocking collective forward and applies the
+# framework-neutral gradient rule of `collective_rules` backward, with this module's differentiable
+# collectives (`_TorchGradients`), so gradients have gradients too.
+class HorovodAllreduce(torch.autograd.Function):
+    """allreduce; the gradient is the same allreduce of the output's gradient."""
 
     @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
-        return (None, None, *ctx.grad_rule(*(g.contiguous() for g in grads)))
+    def forward(ctx: Any, tensor: torch.Tensor, average: bool | None, name: str | None, op: int | None,
+                prescale_factor: float, postscale_factor: float, process_set: ProcessSet) -> torch.Tensor:
+        ctx.op, ctx.scale, ctx.process_set = resolve_op(op, average), (prescale_factor, postscale_factor), process_set
+        return run("allreduce", [tensor], name=name, op=ctx.op, prescale_factor=prescale_factor,
+                   postscale_factor=postscale_factor, process_set=process_set)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        (reduced,) = collective_rules.allreduce_gradient(_TorchGradients(ctx.process_set, grouped=False),
+                                                         [grad.contiguous()], ctx.op, *ctx.scale)
+        return reduced, None, None, None, None, None, None
 
 
-def _differentiable(kind: str, tensors: Sequence[torch.Tensor], grad: Callable[..., Sequence], grouped: bool,
-                    compression: type[Compressor] = Compression.none, **kwargs: Any) -> list[torch.Tensor]:
-    """The out-of-place, blocking form of collective `kind`, as an autograd node whose input
-    gradients are `grad(*output_grads)`. Tensors travel through `compression`."""
+class HorovodGroupedAllreduce(torch.autograd.Function):
+    """grouped_allreduce; each gradient is the allreduce of its output's gradient, as one group."""
+
+    @staticmethod
+    def forward(ctx: Any, average: bool | None, name: str | None, op: int | None, prescale_factor: float,
+                postscale_factor: float, process_set: ProcessSet, *tensors: torch.Tensor) -> tuple:
+        ctx.op, ctx.scale, ctx.process_set = resolve_op(op, average), (prescale_factor, postscale_factor), process_set
+        return tuple(run("allreduce", tensors, grouped=True, name=name, op=ctx.op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor, process_set=process_set))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        reduced = collective_rules.allreduce_gradient(_TorchGradients(ctx.process_set), _contiguous(grads), ctx.op,
+                                                      *ctx.scale)
+        return (None,) * 6 + tuple(reduced)
+
+
+class HorovodAllgather(torch.autograd.Function):
+    """allgather; the gradient is the Average-allreduce of the output's gradient, narrowed to
+    this rank's rows."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, process_set: ProcessSet) -> torch.Tensor:
+        ctx.dim0, ctx.process_set = [_rows(tensor)], process_set
+        return run("allgather", [tensor], name=name, process_set=process_set)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        (mine,) = _allgather_gradient(ctx, [grad])
+        return mine, None, None
+
+
+class HorovodGroupedAllgather(torch.autograd.Function):
+    """grouped_allgather; the gradients as `HorovodAllgather`'s, as one group."""
+
+    @staticmethod
+    def forward(ctx: Any, name: str | None, process_set: ProcessSet, *tensors: torch.Tensor) -> tuple:
+        ctx.dim0, ctx.process_set = [_rows(t) for t in tensors], process_set
+        return tuple(run("allgather", tensors, grouped=True, name=name, process_set=process_set))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        return (None, None, *_allgather_gradient(ctx, grads))
+
+
+class HorovodBroadcast(torch.autograd.Function):
+    """broadcast; the root's gradient is the average of every member's output gradient, the
+    others' zero."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None,
+                process_set: ProcessSet) -> torch.Tensor:
+        ctx.root_rank, ctx.process_set = root_rank, process_set
+        return run("broadcast", [tensor], root_rank=root_rank, name=name, process_set=process_set)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        mine = collective_rules.broadcast_gradient(_TorchGradients(ctx.process_set, grouped=False),
+                                                   grad.contiguous(), ctx.root_rank, basics.rank())
+        return mine, None, None, None
+
+
+class HorovodAlltoall(torch.autograd.Function):
+    """alltoall: the received rows, plus (when `splits` is given) the int32 rows received from each
+    member, not differentiable. The gradient travels back with the received splits."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | None, name: str | None,
+                process_set: ProcessSet) -> Any:
+        output, received = run("alltoall", [tensor], splits=_splits_list(splits), name=name, process_set=process_set)
+        ctx.received, ctx.process_set = received, process_set
+        if splits is None:
+            return output
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, *_: torch.Tensor) -> tuple:
+        mine = collective_rules.alltoall_gradient(_TorchGradients(ctx.process_set), grad.contiguous(), ctx.received)
+        return mine, None, None, None
+
+
+class HorovodReducescatter(torch.autograd.Function):
+    """reducescatter; the gradient is the allgather of the output's gradient (times the set size
+    for Sum)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: int, process_set: ProcessSet,
+                prescale_factor: float, postscale_factor: float) -> torch.Tensor:
+        ctx.op, ctx.scale, ctx.process_set = op, (prescale_factor, postscale_factor), process_set
+        return run("reducescatter", [tensor], name=name, op=op, prescale_factor=prescale_factor,
+                   postscale_factor=postscale_factor, process_set=process_set)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        (mine,) = _reducescatter_gradient(ctx, [grad])
+        return mine, None, None, None, None, None
+
+
+class HorovodGroupedReducescatter(torch.autograd.Function):
+    """grouped_reducescatter; the gradients as `HorovodReducescatter`'s, as one group."""
+
+    @staticmethod
+    def forward(ctx: Any, name: str | None, op: int, process_set: ProcessSet, prescale_factor: float,
+                postscale_factor: float, *tensors: torch.Tensor) -> tuple:
+        ctx.op, ctx.scale, ctx.process_set = op, (prescale_factor, postscale_factor), process_set
+        return tuple(run("reducescatter", tensors, grouped=True, name=name, op=op, prescale_factor=prescale_factor,
+                         postscale_factor=postscale_factor, process_set=process_set))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        return (None,) * 5 + tuple(_reducescatter_gradient(ctx, grads))
+
+
+def _contiguous(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.contiguous() for t in tensors]
+
+
+def _rows(tensor: torch.Tensor) -> int:
+    return tensor.shape[0] if tensor.dim() else 1
+
+
+def _allgather_gradient(ctx: Any, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    me = members(ctx.process_set).index(basics.rank())
+    return collective_rules.allgather_gradient(_TorchGradients(ctx.process_set), _contiguous(grads), ctx.dim0, me)
+
+
+def _reducescatter_gradient(ctx: Any, grads: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    return collective_rules.reducescatter_gradient(_TorchGradients(ctx.process_set), _contiguous(grads), ctx.op,
+                                                   *ctx.scale, len(members(ctx.process_set)))
+
+
+def _compressed(compression: type[Compressor], node: Callable[..., Any], tensors: Sequence[torch.Tensor]
+                ) -> list[torch.Tensor]:
+    """`node(*compressed tensors)` (a tuple of outputs), each output decompressed."""
     compressed = [compression.compress(t) for t in tensors]
-
-    def compute(*ts: torch.Tensor) -> tuple:
-        result = run(kind, ts, grouped=grouped, **kwargs)
-        return tuple(result) if grouped else (result,)
-
-    outputs = _Collective.apply(compute, grad, *(c for c, _ in compressed))
+    outputs = node(*(c for c, _ in compressed))
     return [compression.decompress(out, ctx) for out, (_, ctx) in zip(outputs, compressed)]
 
 
@@ -119,17 +252,19 @@ class _TorchGradients:
 
     def allreduce(self, tensors: Sequence[torch.Tensor], op: int, prescale: float,
                   postscale: float) -> list[torch.Tensor]:
-        return _allreduce(tensors, None, Compression.none, op, prescale, postscale, self.process_set, self.grouped)
+        if not self.grouped:
+            return [HorovodAllreduce.apply(t, None, None, op, prescale, postscale, self.process_set) for t in tensors]
+        return list(HorovodGroupedAllreduce.apply(None, None, op, prescale, postscale, self.process_set, *tensors))
 
     def allgather(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return _allgather(tensors, None, self.process_set, grouped=True)
+        return list(HorovodGroupedAllgather.apply(None, self.process_set, *tensors))
 
     def alltoall(self, tensor: torch.Tensor, splits: torch.Tensor) -> torch.Tensor:
         return alltoall(tensor, splits=splits, process_set=self.process_set)[0]
 
     def average_and_gather_rows(self, tensors: Sequence[torch.Tensor],
                                 inputs: Sequence[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
-        reduced = _allreduce(tensors, None, Compression.none, Average, 1.0, 1.0, self.process_set, grouped=True)
+        reduced = list(HorovodGroupedAllreduce.apply(None, None, Average, 1.0, 1.0, self.process_set, *tensors))
         rows = allgather(torch.tensor([list(inputs)], dtype=torch.int64), process_set=self.process_set)
         return reduced, rows
 
@@ -171,8 +306,8 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Reduced copy of `tensor` (Average by default). Differentiable: the gradient is the same
     allreduce of the output's gradient."""
-    return _allreduce([tensor], name, compression, resolve_op(op, average), prescale_factor, postscale_factor,
-                      process_set, grouped=False)[0]
+    return _compressed(compression, lambda t: (HorovodAllreduce.apply(t, average, name, op, prescale_factor,
+                                                                       postscale_factor, process_set),), [tensor])[0]
 
 
 def allreduce_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: int | None = None,
@@ -206,8 +341,8 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
                       prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
     """Reduced copies of a list of tensors (differentiable, like `allreduce`)."""
-    return _allreduce(tensors, name, compression, resolve_op(op, average), prescale_factor, postscale_factor,
-                      process_set, grouped=True)
+    return _compressed(compression, lambda *ts: HorovodGroupedAllreduce.apply(
+        average, name, op, prescale_factor, postscale_factor, process_set, *ts), tensors)
 
 
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
@@ -216,15 +351,6 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
     return run("allreduce", tensors, grouped=True, inplace=True, name=name, op=resolve_op(op, average),
                   prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                   process_set=process_set)
-
-
-def _allreduce(tensors: Sequence[torch.Tensor], name: str | None, compression: type[Compressor], op: int,
-               prescale: float, postscale: float, process_set: ProcessSet, grouped: bool) -> list[torch.Tensor]:
-    def grad(*gs: torch.Tensor) -> list[torch.Tensor]:
-        return collective_rules.allreduce_gradient(_TorchGradients(process_set, grouped), gs, op, prescale, postscale)
-
-    return _differentiable("allreduce", tensors, grad, grouped, compression, name=name, op=op,
-                           prescale_factor=prescale, postscale_factor=postscale, process_set=process_set)
 
 
 def sparse_allreduce_async(tensor: torch.Tensor, name: str, op: int,
@@ -265,23 +391,12 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Every member's `tensor` concatenated along dim 0, in rank order. Differentiable: the
     gradient is the Average-allreduce of the output's gradient, narrowed to this rank's rows."""
-    return _allgather(tensors=[tensor], name=name, process_set=process_set, grouped=False)[0]
+    return HorovodAllgather.apply(tensor, name, process_set)
 
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
-    return _allgather(tensors, name, process_set, grouped=True)
-
-
-def _allgather(tensors: Sequence[torch.Tensor], name: str | None, process_set: ProcessSet,
-               grouped: bool) -> list[torch.Tensor]:
-    dim0 = [t.shape[0] if t.dim() else 1 for t in tensors]
-
-    def grad(*gs: torch.Tensor) -> list[torch.Tensor]:
-        me = members(process_set).index(basics.rank())
-        return collective_rules.allgather_gradient(_TorchGradients(process_set), gs, dim0, me)
-
-    return _differentiable("allgather", tensors, grad, grouped, name=name, process_set=process_set)
+    return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
 # -- broadcast ------------------------------------------------------------------------------------------
@@ -302,13 +417,7 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """The root's tensor, on every member. Differentiable: the root receives the average of all
     members' output gradients, the others zero."""
-
-    def grad(g: torch.Tensor) -> tuple:
-        return (collective_rules.broadcast_gradient(_TorchGradients(process_set, grouped=False), g, root_rank,
-                                                    basics.rank()),)
-
-    return _differentiable("broadcast", [tensor], grad, False, root_rank=root_rank, name=name,
-                           process_set=process_set)[0]
+    return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
 
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
@@ -338,20 +447,7 @@ def alltoall(tensor: torch.Tensor, splits: Sequence[int] | torch.Tensor | None =
     """Rows scattered to every member. Returns the received rows, plus (when `splits` is given)
     the int32 tensor of rows received from each member. Differentiable: the gradient travels
     back with the received splits."""
-    split_list = _splits_list(splits)
-
-    received: list[torch.Tensor] = []
-
-    def compute(t: torch.Tensor) -> tuple:
-        output, from_each = run("alltoall", [t], splits=split_list, name=name, process_set=process_set)
-        received.append(from_each)
-        return output, from_each
-
-    def grad(g: torch.Tensor, _: torch.Tensor) -> tuple:
-        return (collective_rules.alltoall_gradient(_TorchGradients(process_set), g, received[0]),)
-
-    output, received_splits = _Collective.apply(compute, grad, tensor)
-    return output if splits is None else (output, received_splits)
+    return HorovodAlltoall.apply(tensor, splits, name, process_set)
 
 
 # -- reducescatter ----------------------------------------------------------------------------------------
@@ -377,24 +473,16 @@ def reducescatter(tensor: torch.Tensor, name: str | None = None, compression: ty
     """This member's block of the reduction (Average or Sum; the first dim0 % n members get one
     extra row). Differentiable: the gradient is the allgather of the output's gradient (times
     the set size for Sum)."""
-    return _reducescatter([tensor], name, compression, op, process_set, prescale_factor, postscale_factor, False)[0]
+    return _compressed(compression, lambda t: (HorovodReducescatter.apply(t, name, op, process_set, prescale_factor,
+                                                                           postscale_factor),), [tensor])[0]
 
 
 def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = None,
                           compression: type[Compressor] = Compression.none, op: int = Average,
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
-    return _reducescatter(tensors, name, compression, op, process_set, prescale_factor, postscale_factor, True)
-
-
-def _reducescatter(tensors: Sequence[torch.Tensor], name: str | None, compression: type[Compressor], op: int,
-                   process_set: ProcessSet, prescale: float, postscale: float, grouped: bool) -> list[torch.Tensor]:
-    def grad(*gs: torch.Tensor) -> list[torch.Tensor]:
-        return collective_rules.reducescatter_gradient(_TorchGradients(process_set), gs, op, prescale, postscale,
-                                                       len(members(process_set)))
-
-    return _differentiable("reducescatter", tensors, grad, grouped, compression, name=name, op=op,
-                           prescale_factor=prescale, postscale_factor=postscale, process_set=process_set)
+    return _compressed(compression, lambda *ts: HorovodGroupedReducescatter.apply(
+        name, op, process_set, prescale_factor, postscale_factor, *ts), tensors)
 
 
 # -- control --------------------------------------------------------------------------------------------

@@ -97,6 +97,32 @@ report(mpi_ops=[size(), rank(), local_size(), local_rank(), is_initialized(), gp
        versions=[is_version_greater_equal_than("2.13.0", "2.9.1"), is_version_greater_equal_than("1.2.3", "1.10.0")],
        env=[inside, os.environ.get("KHOROVOD_FIDELITY_PROBE")], mxnet_error=mxnet_error,
        mismatch=issubclass(HorovodVersionMismatchError, ImportError))
+
+# Horovod's autograd nodes, applied directly with Horovod's forward arguments.
+from horovod.torch.mpi_ops import (HorovodAllgather, HorovodAllreduce, HorovodAlltoall, HorovodBroadcast,
+                                   HorovodGroupedAllgather, HorovodGroupedAllreduce, HorovodGroupedReducescatter,
+                                   HorovodReducescatter)
+def node(apply, *shape):
+    """(output(s) as lists, the input's gradient for a loss of sum(output * (rank + 1)))."""
+    x = torch.arange(float(torch.Size(shape).numel())).reshape(shape).requires_grad_()
+    out = apply(x)
+    outs = out if isinstance(out, tuple) else (out,)
+    sum((o * (r + 1)).sum() for o in outs if o.is_floating_point()).backward()
+    return [o.tolist() for o in outs], x.grad.tolist()
+ps = global_process_set
+report(nodes={
+    "allreduce": node(lambda x: HorovodAllreduce.apply(x, None, "n.ar", Sum, 1.0, 2.0, ps), 2),
+    "grouped_allreduce": node(lambda x: HorovodGroupedAllreduce.apply(None, "n.gar", Average, 1.0, 1.0, ps, x,
+                                                                      x * 2), 2),
+    "allgather": node(lambda x: HorovodAllgather.apply(x, "n.ag", ps), 1, 2),
+    "grouped_allgather": node(lambda x: HorovodGroupedAllgather.apply("n.gag", ps, x), 1),
+    "broadcast": node(lambda x: HorovodBroadcast.apply(x + r, 1, "n.bc", ps), 2),
+    "alltoall": node(lambda x: HorovodAlltoall.apply(x + 10 * r, None, "n.a2a", ps), 2),
+    "alltoall_splits": node(lambda x: HorovodAlltoall.apply(x, torch.tensor([1, 2], dtype=torch.int32), "n.a2s",
+                                                            ps), 3),
+    "reducescatter": node(lambda x: HorovodReducescatter.apply(x, "n.rs", Sum, ps, 1.0, 1.0), 2),
+    "grouped_reducescatter": node(lambda x: HorovodGroupedReducescatter.apply("n.grs", Average, ps, 1.0, 1.0, x), 4),
+})
 '''
 
 
@@ -131,7 +157,8 @@ def test_step_after_synchronize_warns_unless_skipped(fidelity):
     for rank in (0, 1):
         got = fidelity.ranks[rank]
         assert [category for category, _ in got["unskipped"]] == ["UserWarning"]
-        assert "skip_synchronize" in got["unskipped"][0][1]
+        assert got["unskipped"][0][1].startswith(
+            "optimizer.step() called without optimizer.skip_synchronize() context after optimizer.synchronize().")
         assert got["skipped"] == []
 
 
@@ -150,3 +177,21 @@ def test_mpi_ops_and_common_util_names(fidelity):
         assert got["versions"] == [True, False]
         assert got["env"] == ["1", None]
         assert "mxnet" in got["mxnet_error"] and got["mismatch"] is True
+
+
+def test_horovods_autograd_nodes_in_mpi_ops(fidelity):
+    """Each node's output, and its input's gradient for loss = sum(output * (rank + 1)): the
+    allreduce-like ones sum those weights over the ranks (1 + 2 = 3), averaged ones halve them."""
+    for rank, got in fidelity.every_rank(2):
+        nodes = got["nodes"]
+        assert nodes["allreduce"] == [[[0.0, 4.0]], [6.0, 6.0]]  # Sum, postscale 2; grad Sum of 2*w
+        assert nodes["grouped_allreduce"] == [[[0.0, 1.0], [0.0, 2.0]], [4.5, 4.5]]  # grad avg(w) + 2 avg(w)
+        assert nodes["allgather"] == [[[[0.0, 1.0], [0.0, 1.0]]], [[1.5, 1.5]]]  # grad: average of w
+        assert nodes["grouped_allgather"] == [[[0.0, 0.0]], [1.5]]
+        assert nodes["broadcast"] == [[[1.0, 2.0]], [[0.0, 0.0], [1.5, 1.5]][rank]]  # root 1 gets avg(w)
+        assert nodes["alltoall"] == [[[[0.0, 10.0], [1.0, 11.0]][rank]], [1.0, 2.0]]  # row j back from rank j
+        assert nodes["alltoall_splits"] == [[[[0.0, 0.0], [1.0, 2.0, 1.0, 2.0]][rank], [[1, 1], [2, 2]][rank]],
+                                            [1.0, 2.0, 2.0]]
+        assert nodes["reducescatter"] == [[[[0.0], [2.0]][rank]], [2.0, 4.0]]  # Horovod scales Sum by n
+        # Average: Horovod's gradient is the gathered output gradients, unscaled
+        assert nodes["grouped_reducescatter"] == [[[[0.0, 1.0], [2.0, 3.0]][rank]], [1.0, 1.0, 2.0, 2.0]]
