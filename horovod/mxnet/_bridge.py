@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import mxnet as mx
 import numpy as np
+from mxnet.base import MXNetError
 
 from horovod.common import basics, ops
 from horovod.common.collective_rules import CORE_CALLS
@@ -28,7 +29,7 @@ def host_array(tensor: Any, what: str) -> np.ndarray:
         dtype_name(np.dtype(tensor.dtype))
     except ValueError as exc:
         raise ValueError(f"{what}: {exc}") from None
-    return np.ascontiguousarray(tensor.asnumpy())
+    return np.ascontiguousarray(tensor.asnumpy()).reshape(tensor.shape)  # asnumpy() makes a scalar [1]
 
 
 def to_ndarray(array: np.ndarray, like: Any) -> Any:
@@ -47,9 +48,11 @@ class Pending:
 
     def wait(self) -> Any:
         result = ops.wait_as_internal_error(self.handle)
+        if self.kind == "alltoall":  # never grouped nor in place: (rows, received splits)
+            rows, received_splits = result
+            return to_ndarray(rows, self.tensors[0]), to_ndarray(np.asarray(received_splits, np.int32),
+                                                                 self.tensors[0])
         results = list(result) if self.grouped else [result]
-        if self.kind == "alltoall":
-            results = [rows for rows, _ in results]
         outputs = []
         for tensor, array in zip(self.tensors, results):
             if self.inplace:
@@ -60,11 +63,20 @@ class Pending:
         return outputs if self.grouped else outputs[0]
 
 
+class ArgumentError(ValueError, MXNetError):
+    """A bad argument, found on this rank before anything is sent. A `ValueError`, as in every
+    framework module here, and an `MXNetError`, which is what Horovod's MXNet ops raise (their
+    checks run inside MXNet's engine): scripts and tests catching either one catch it."""
+
+
 def start(kind: str, tensors: Sequence[Any], grouped: bool = False, inplace: bool = False, **kwargs: Any) -> Pending:
     """Submit `tensors` to the core's collective `kind` (as one group when `grouped`)."""
-    arrays = [host_array(t, f"{kind} {kwargs.get('name') or ''}".strip()) for t in tensors]
-    single, group = CORE_CALLS[kind]
-    handle = group(arrays, **kwargs) if grouped else single(arrays[0], **kwargs)  # type: ignore[misc]
+    try:
+        arrays = [host_array(t, f"{kind} {kwargs.get('name') or ''}".strip()) for t in tensors]
+        single, group = CORE_CALLS[kind]
+        handle = group(arrays, **kwargs) if grouped else single(arrays[0], **kwargs)  # type: ignore[misc]
+    except ValueError as exc:
+        raise ArgumentError(str(exc)) from exc
     return Pending(handle, kind, tensors, grouped, inplace)
 
 

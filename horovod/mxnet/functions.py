@@ -19,20 +19,21 @@ def broadcast_parameters(params: Any, root_rank: int = 0, prefix: str | None = N
 
     `params`: a dict of NDArrays (`module.get_params()[0]`) or Gluon's `net.collect_params()`.
     Entries go in name order (dict order may differ between ranks), all in flight at once.
-    Gluon parameters must be initialised (after deferred initialisation, one forward pass)."""
+    A Gluon parameter still waiting for its deferred initialisation (no forward pass yet) is
+    broadcast when it initialises, during the first forward pass, which every rank then runs."""
     if not hasattr(params, "items"):
         raise ValueError(f"broadcast_parameters: expected a dict of NDArrays or a ParameterDict, got "
                          f"{type(params).__name__}")
     pending = []
     for name, value in sorted(params.items(), key=lambda item: item[0]):
+        full_name = f"{prefix or 'parameter'}.{name}"
         is_parameter = isinstance(value, mx.gluon.Parameter)
         if is_parameter:
             try:
                 value = value.data()
             except mx.gluon.parameter.DeferredInitializationError:
-                raise ValueError(f"broadcast_parameters: parameter {name} is not initialised yet (deferred "
-                                 "initialisation); run one forward pass first") from None
-        full_name = f"{prefix or 'parameter'}.{name}"
+                _broadcast_when_initialised(params[name], root_rank, full_name, process_set)
+                continue
         pending.append((params[name] if is_parameter else None,
                         start("broadcast", [value], inplace=True, root_rank=root_rank, name=full_name,
                               process_set=process_set)))
@@ -40,6 +41,19 @@ def broadcast_parameters(params: Any, root_rank: int = 0, prefix: str | None = N
         result = handle.wait()
         if parameter is not None:
             parameter.set_data(result)  # every context of the parameter
+
+
+def _broadcast_when_initialised(parameter: Any, root_rank: int, name: str, process_set: ProcessSet) -> None:
+    """Make `parameter`'s deferred initialisation take the root's values: Gluon hands the freshly
+    initialised array to the parameter's `_init_impl(data, ctx_list)` (MXNet's own hook point, the
+    one Horovod uses too), which copies it to every context; the root's values go in first."""
+    initialise = parameter._init_impl
+
+    def initialise_from_root(data: Any, ctx_list: Any) -> None:
+        start("broadcast", [data], inplace=True, root_rank=root_rank, name=name, process_set=process_set).wait()
+        initialise(data, ctx_list)
+
+    parameter._init_impl = initialise_from_root
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,

@@ -81,11 +81,12 @@ def broadcast_(tensor: Any, root_rank: int, name: str | None = None, priority: i
 
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None, priority: int = 0,
              process_set: ProcessSet = global_process_set) -> Any:
-    """Rows scattered to every member: `splits[j]` rows to member j (equal parts when None);
-    returns the rows received, in member order."""
-    split_list = None if splits is None else [int(s) for s in np.asarray(
-        splits.asnumpy() if hasattr(splits, "asnumpy") else splits).reshape(-1)]
-    return run("alltoall", [tensor], splits=split_list, name=name, process_set=process_set)
+    """Rows scattered to every member: `splits[j]` rows to member j (equal parts when None).
+    Returns the rows received, in member order; with `splits`, also the int32 NDArray of rows
+    received from each member, as `(rows, received_splits)`."""
+    split_array = None if splits is None else np.asarray(splits.asnumpy() if hasattr(splits, "asnumpy") else splits)
+    rows, received_splits = run("alltoall", [tensor], splits=split_array, name=name, process_set=process_set)
+    return rows if splits is None else (rows, received_splits)
 
 
 def reducescatter(tensor: Any, op: int = Average, name: str | None = None, priority: int = 0,

@@ -40,8 +40,9 @@ hvd.broadcast_(z, root_rank=0)
 ok["broadcast_in_place"] = np.array_equal(z.asnumpy(), x.asnumpy() - r)
 ok["alltoall"] = np.array_equal(hvd.alltoall(mx.nd.array(np.arange(n) + 10 * r)).asnumpy(), 10 * np.arange(n) + r)
 splits = [(r + j) % 2 + 1 for j in range(n)]
-got = hvd.alltoall(mx.nd.array(np.arange(sum(splits)) + 100 * r), splits=mx.nd.array(splits, dtype=np.int32))
-ok["alltoall_splits"] = got.shape[0] == sum((k + r) % 2 + 1 for k in range(n))
+got, received = hvd.alltoall(mx.nd.array(np.arange(sum(splits)) + 100 * r), splits=mx.nd.array(splits, dtype=np.int32))
+ok["alltoall_splits"] = (got.shape[0] == sum((k + r) % 2 + 1 for k in range(n))
+                         and received.asnumpy().tolist() == [(k + r) % 2 + 1 for k in range(n)])
 ok["reducescatter"] = np.array_equal(hvd.reducescatter(mx.nd.array(np.arange(7.0)), op=hvd.Sum).asnumpy(),
                                      n * np.array_split(np.arange(7.0), n)[r])
 rs = hvd.grouped_reducescatter([mx.nd.array(np.arange(7.0)), mx.nd.ones((n, 2))])
@@ -75,12 +76,83 @@ report(ok=ok, errors=errors)
 @pytest.mark.parametrize("np", [2, 3])
 def test_collectives_exact(mxnet_python, np):
     result = hvdrun(COLLECTIVES, np=np, timeout=180, python=mxnet_python).check()
-    for rank in range(np):
-        ok, errors = result.ranks[rank]["ok"], result.ranks[rank]["errors"]
+    for rank, got in result.every_rank(np):
+        ok, errors = got["ok"], got["errors"]
         assert len(ok) == 22 and all(ok.values()), (rank, ok)
         assert "csr NDArrays are not supported" in errors["dtype"], errors
         assert "root_rank 9 is not a member" in errors["root"], errors
         assert "expected an mx.nd.NDArray" in errors["not_ndarray"], errors
+
+
+# Horovod's own MXNet test idioms (test/parallel/base_test_mxnet.py): what alltoall returns, the
+# exception types its argument errors raise, and parameters broadcast at deferred initialisation.
+HOROVOD_IDIOMS = r'''
+import mxnet as mx, numpy as np
+from mxnet.base import MXNetError
+import horovod.mxnet as hvd
+
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+ctx = mx.cpu(0)
+checks = {}
+
+vals = []
+for i in range(size):
+    vals += [i] * (rank + 1)
+tensor = mx.ndarray.array(vals, dtype="float32", ctx=ctx)
+splits = mx.ndarray.array([rank + 1] * size, dtype="int32", ctx=ctx)
+collected, received_splits = hvd.alltoall(tensor, splits)
+checks["alltoall_splits"] = (collected.min() == rank and collected.max() == rank
+                             and collected.size == size * (size + 1) // 2
+                             and received_splits.dtype == np.int32
+                             and received_splits.asnumpy().tolist() == [rk + 1 for rk in range(size)])
+collected = hvd.alltoall(tensor)  # equal parts of rank + 1 rows each
+checks["alltoall_equal_split"] = (isinstance(collected, mx.nd.NDArray) and collected.min() == rank
+                                  and collected.max() == rank and collected.size == size * (size + 1) // 2)
+
+def raises(call, types):
+    try:
+        call()
+    except types as exc:
+        return type(exc).__name__
+    except Exception as exc:  # the wrong type
+        return f"wrong type {type(exc).__mro__}: {exc}"
+    return "no error"
+
+checks["equal_split_length_error"] = raises(lambda: hvd.alltoall(mx.ndarray.empty([size + 1], ctx=ctx)),
+                                            (MXNetError, RuntimeError))
+checks["splits_error"] = raises(lambda: hvd.alltoall(mx.ndarray.empty([size - 1], ctx=ctx),
+                                                     mx.ndarray.ones([size], dtype="int32", ctx=ctx)),
+                                (MXNetError, RuntimeError))
+checks["splits_type_error"] = raises(lambda: hvd.alltoall(mx.ndarray.empty([size], ctx=ctx),
+                                                          mx.ndarray.ones([size], dtype="float32", ctx=ctx)),
+                                     (MXNetError, ValueError))
+checks["reducescatter_scalar_error"] = raises(
+    lambda: hvd.reducescatter(mx.nd.array(rank, dtype=np.float32, ctx=ctx), op=hvd.Average), ValueError)
+
+# Deferred initialisation: broadcast_parameters before the first forward pass (each rank seeds
+# its own initial values, so only the broadcast makes them equal).
+mx.random.seed(rank)
+layer = mx.gluon.nn.Conv2D(10, 2)
+layer.initialize()
+hvd.broadcast_parameters(layer.collect_params(), root_rank=0)
+layer(mx.nd.ones((5, 4, 10, 10)))
+tensors = [p.data() for _, p in sorted(layer.collect_params().items())]
+root_tensors = [hvd.broadcast(t, root_rank=0) for t in tensors]
+checks["deferred_broadcast"] = all(np.array_equal(t.asnumpy(), root.asnumpy()) for t, root in zip(tensors, root_tensors))
+report(checks=checks)
+'''
+
+
+@pytest.mark.parametrize("np", [2, 3])
+def test_horovods_mxnet_idioms(mxnet_python, np):
+    result = hvdrun(HOROVOD_IDIOMS, np=np, timeout=180, python=mxnet_python).check()
+    for rank, got in result.every_rank(np):
+        checks = got["checks"]
+        assert checks["alltoall_splits"] is True and checks["alltoall_equal_split"] is True, (rank, checks)
+        for error in ("equal_split_length_error", "splits_error", "splits_type_error", "reducescatter_scalar_error"):
+            assert checks[error] == "ArgumentError", (rank, error, checks[error])
+        assert checks["deferred_broadcast"] is True, rank
 
 
 TRAINING = r'''
@@ -142,8 +214,7 @@ report(fp16=diff(expected, train(net, trainer, SHARD)), **out)
 
 def test_gluon_training_on_two_ranks_equals_one_process(mxnet_python):
     result = hvdrun(TRAINING, np=2, timeout=180, python=mxnet_python).check()
-    for rank in range(2):
-        got = result.ranks[rank]
+    for rank, got in result.every_rank(2):
         exact = {k: v for k, v in got.items() if k != "fp16"}
         assert len(exact) == 10 and all(v < 1e-12 for v in exact.values()), (rank, got)
         assert 0 < got["fp16"] < 2e-3, (rank, got)
