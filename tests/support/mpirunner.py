@@ -68,8 +68,16 @@ def _signal_group(pid: int, signum: int) -> None:
 def mpirun(code: str, np: int = 2, args: list[str] | None = None, env: dict[str, str] | None = None,
            timeout: float = 90.0) -> RunResult:
     """Run `code` (dedented) as a script under `mpirun -np N`."""
+    return _run_snippet(code, [str(MPIRUN), *mpirun_flags(), "-np", str(np), *(args or [])], env, timeout)
+
+
+def horovodrun_mpi(code: str, np: int = 2, env: dict[str, str] | None = None, timeout: float = 90.0) -> RunResult:
+    """Run `code` (dedented) as a script under `horovodrun --mpi -np N` (which runs mpirun)."""
+    return _run_snippet(code, [sys.executable, "-m", "horovod.runner.launch", "--mpi", "-np", str(np)], env, timeout)
+
+
+def _run_snippet(code: str, launcher: list[str], env: dict[str, str] | None, timeout: float) -> RunResult:
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "snippet.py"
         script.write_text(_PRELUDE + textwrap.dedent(code))
-        argv = [str(MPIRUN), *mpirun_flags(), "-np", str(np), *(args or []), sys.executable, str(script)]
-        return run_command(argv, env, timeout, cwd=tmp)
+        return run_command([*launcher, sys.executable, str(script)], env, timeout, cwd=tmp)

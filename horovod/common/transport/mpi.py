@@ -6,7 +6,8 @@ communicator of the op's group (built once per group with `Create_group`, which 
 members call, so process sets need no agreement beyond the op itself). Reductions MPI has no
 operator for (bfloat16; float16, which Open MPI 5 sums more slowly than this at 2 ranks) gather
 every member's buffer and reduce it here, in member order, so every member gets the same bits.
-Average never reaches a transport: the engine sums, then scales.
+Average never reaches a transport: the engine sums, then scales. Adasum is the shared algorithm
+(`algorithms.adasum`, recursive halving) over MPI's point-to-point messages (`MpiLinks`).
 
 Negotiation keeps the engine's protocol: its control messages are point-to-point messages on a
 communicator of their own (MPI keeps them in order between two ranks, as a socket does). MPI
@@ -26,12 +27,14 @@ from typing import Any, Sequence
 import numpy as np
 
 from horovod.common import mpi_library
+from horovod.common.algorithms import Scratch, adasum
 from horovod.common.cores import cores_per_rank
 from horovod.common.reduce_ops import Max, Min, Product, Sum, reduce_into
 from horovod.common.transport.activity import PeerActivity
 from horovod.common.transport.base import PeerFailure, Transport, TransportContext
 
 _CONTROL_TAG = 7
+_DATA_TAG = 8  # point-to-point data on the data communicator (Adasum's halves); collectives never match it
 _POLL_MIN, _POLL_MAX = 50e-6, 2e-3
 _SPIN_SECONDS = 0.01
 
@@ -124,6 +127,28 @@ class MpiActivity(PeerActivity):
             os.close(write_end)
 
 
+class MpiLinks:
+    """`PointToPoint` over MPI messages between global ranks: sends are `Isend`s that `flush` waits
+    for, receives are blocking `Recv`s straight into the caller's memory (MPI keeps the messages
+    between two ranks with one tag in order, as a socket keeps bytes)."""
+
+    def __init__(self, rank: int, comm: Any, mpi: Any) -> None:
+        self.rank = rank
+        self._comm = comm
+        self._MPI = mpi
+        self._sending: dict[int, list[Any]] = {}
+
+    def send(self, rank: int, data: np.ndarray) -> None:
+        self._sending.setdefault(rank, []).append(self._comm.Isend(_bytes(data), rank, _DATA_TAG))
+
+    def recv_into(self, rank: int, view: np.ndarray) -> None:
+        self._comm.Recv(_bytes(view), rank, _DATA_TAG)
+
+    def flush(self, ranks: Sequence[int]) -> None:
+        for rank in ranks:
+            self._MPI.Request.Waitall(self._sending.pop(rank, []))
+
+
 class MpiTransport(Transport):
     """Collectives through the MPI library, negotiation over MPI point-to-point messages."""
 
@@ -160,6 +185,8 @@ class MpiTransport(Transport):
         self._ops: dict[tuple[np.dtype, int], Any] = {}  # MPI's operator per (dtype, op), see _op
         self._peers: dict[tuple[int, ...], list[int]] = {}  # a group's members other than us, see exchange
         self._status = MPI.Status()  # a probed message's envelope, see _recv
+        self._links = MpiLinks(self.rank, self._data, MPI)
+        self._scratch = Scratch()
         self._activity = MpiActivity(self._control, MPI.ANY_SOURCE)
         self._closed = False
 
@@ -226,6 +253,9 @@ class MpiTransport(Transport):
         size = send.dtype.itemsize
         self._comm(group).Alltoallv(_bytes(send, [c * size for c in send_counts]),
                                     _bytes(recv, [c * size for c in recv_counts]))
+
+    def adasum(self, group: Sequence[int], buf: np.ndarray, bounds: Sequence[tuple[int, int]]) -> None:
+        adasum.allreduce(self._links, group, buf, bounds, self._scratch)
 
     def _gather_all(self, comm: Any, buf: np.ndarray) -> np.ndarray:
         everyone = np.empty((comm.size, buf.size), dtype=buf.dtype)
