@@ -7,7 +7,10 @@ cost minutes; CI's environment is itself fresh, made by scripts/setup-venv.sh):
   it in the same page does not bring (the extras' requirements, followed through the installed
   packages' metadata). This is what catches "pip install . then ModuleNotFoundError".
 - runs: the README's commands and the quick ones of docs/running.md run exactly as written, in a
-  shell whose `python` and `horovodrun` are this environment's.
+  shell whose `python` and `horovodrun` are this environment's; the commands of one code block
+  run in one test, in order, as a reader pastes them (a `cat` of what the command before it
+  wrote), and a page's `/tmp/` paths are moved into that test's own temporary directory, so no
+  run reads another's files.
 - coverage: every example a page names and that is not run here is run (shortened) by some test.
 """
 
@@ -52,6 +55,7 @@ class Command:
     page: Path
     line: int
     text: str
+    block: int  # the line its code block starts on
 
     def __str__(self) -> str:
         return f"{self.page.name}:{self.line}: {self.text}"
@@ -77,7 +81,7 @@ def page_commands(page: Path) -> list[Command]:
                 continue
             command = _strip_comment(pending + line)
             if command:
-                found.append(Command(page, start, command))
+                found.append(Command(page, start, command, first))
             pending = ""
     return found
 
@@ -236,26 +240,51 @@ RUNNABLE = [c for c in ALL if c.page.name in RUN_PAGES and not _placeholder(c)
             and not any(c.text.startswith(prefix) for prefix in NOT_RUN)]
 
 
+def _blocks(commands: list[Command]) -> list[list[Command]]:
+    """The commands grouped by the code block they come from, in page order."""
+    blocks: dict[tuple[Path, int], list[Command]] = {}
+    for command in commands:
+        blocks.setdefault((command.page, command.block), []).append(command)
+    return list(blocks.values())
+
+
+RUNNABLE_BLOCKS = _blocks(RUNNABLE)
+
+
+def _private_tmp(text: str, scratch: Path) -> str:
+    """`text` with the page's `/tmp/` paths moved under `scratch`."""
+    return re.sub(r"(?<![\w./])/tmp/", f"{scratch}/", text)
+
+
 def test_some_commands_run_and_every_other_is_accounted_for():
     assert len(RUNNABLE) >= 6, [str(c) for c in RUNNABLE]
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("command", RUNNABLE, ids=lambda c: f"{c.page.name}:{c.line}")
-def test_command_runs_as_written(command, tmp_path):
+def test_a_later_command_of_a_block_can_read_what_an_earlier_one_wrote():
+    (block,) = [b for b in RUNNABLE_BLOCKS if any(c.text.startswith("cat /tmp/logs/") for c in b)]
+    assert [c.text.split()[0] for c in block] == ["horovodrun", "cat"]
+    assert _private_tmp(block[1].text, Path("/x")) == "cat /x/logs/rank.1/stdout"
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("block", RUNNABLE_BLOCKS, ids=lambda b: f"{b[0].page.name}:{b[0].line}")
+def test_commands_run_as_written(block, tmp_path):
     env = _shell_env(tmp_path)
-    if command.text.startswith("bash scripts/demo.sh"):
-        if not _made_by_setup_venv_for_this_checkout("torch", "examples"):
-            pytest.skip("this environment was not made from this checkout by scripts/setup-venv.sh, so the "
-                        "demo would install into it or build a new one (CI's is: there the demo runs)")
-        env["VENV"] = sys.prefix  # the demo then finds everything installed: nothing to install
-    proc = subprocess.run(["bash", "-c", command.text], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=280)
-    assert proc.returncode == 0, f"{command}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    if command.text.startswith("bash scripts/demo.sh"):
-        assert "setup-venv:" not in proc.stderr  # a re-run installs nothing, and says nothing
-    if "examples/" in command.text or "demo.sh" in command.text:
-        assert re.search(r"final test accuracy:? (0\.9|9\d)", proc.stdout), proc.stdout[-2000:]
+    for command in block:
+        if command.text.startswith("bash scripts/demo.sh"):
+            if not _made_by_setup_venv_for_this_checkout("torch", "examples"):
+                pytest.skip("this environment was not made from this checkout by scripts/setup-venv.sh, so the "
+                            "demo would install into it or build a new one (CI's is: there the demo runs)")
+            env["VENV"] = sys.prefix  # the demo then finds everything installed: nothing to install
+        proc = subprocess.run(["bash", "-c", _private_tmp(command.text, tmp_path)], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=280)
+        assert proc.returncode == 0, f"{command}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        if command.text.startswith("bash scripts/demo.sh"):
+            assert "setup-venv:" not in proc.stderr  # a re-run installs nothing, and says nothing
+        if "examples/" in command.text or "demo.sh" in command.text:
+            assert re.search(r"final test accuracy:? (0\.9|9\d)", proc.stdout), proc.stdout[-2000:]
+        if command.text.startswith("cat "):
+            assert proc.stdout.strip(), f"{command}: printed nothing"
 
 
 @pytest.mark.timeout(120)

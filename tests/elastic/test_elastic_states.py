@@ -48,8 +48,20 @@ def test_torch_state_restores_model_optimizer_and_sampler(initialized):
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert optimizer.state_dict()["state"] == {} and state.batch == 0
     assert sampler.processed_num == 0 and list(sampler) == list(range(10))
-    state.model = torch.nn.Linear(2, 1)  # a handled attribute takes the new object
-    assert state.model is not model
+    # A handled attribute takes the new object: commit and restore act on it from then on, and no
+    # longer on the old one.
+    replacement = torch.nn.Linear(2, 1)
+    state.model = replacement
+    assert state.model is replacement
+    state.commit()
+    committed = [p.detach().clone() for p in replacement.parameters()]
+    old_values = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p in (*replacement.parameters(), *model.parameters()):
+            p.add_(1.0)
+    state.restore()
+    assert all(torch.equal(a, b) for a, b in zip(committed, replacement.parameters()))
+    assert all(torch.equal(a + 1.0, b) for a, b in zip(old_values, model.parameters()))
 
 
 def test_tensorflow_state_and_keras_state_restore_variables(initialized):

@@ -87,13 +87,38 @@ def test_mutually_exclusive_flags(flags, capsys):
     assert "not allowed with" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags", [
-    ["--min-np", "1"], ["--max-np", "4"], ["--host-discovery-script", "d.sh"],
-    ["--min-np", "1", "--slots-per-host", "2", "--elastic-timeout", "60", "--reset-limit", "3",
-     "--blacklist-cooldown-range", "10", "100"],
+@pytest.mark.parametrize("flags, expected", [
+    (["--min-np", "1"], dict(min_np=1, max_np=None, reset_limit=None, cooldown_range=None)),
+    (["--max-np", "4"], dict(min_np=2, max_np=4)),
+    (["--host-discovery-script", "{script}", "--slots-per-host", "3"], dict(min_np=2, hosts={"node-a": 3})),
+    (["--min-np", "1", "--slots-per-host", "2", "--elastic-timeout", "60", "--reset-limit", "3",
+      "--blacklist-cooldown-range", "10", "100"],
+     dict(min_np=1, elastic_timeout=60.0, reset_limit=3, cooldown_range=(10, 100))),
 ])
-def test_elastic_flags_make_an_elastic_job(flags):
-    validate(parse_args(["-np", "2", *flags, "python", "train.py"]))
+def test_elastic_flags_make_an_elastic_job(flags, expected, tmp_path):
+    from horovod.runner.elastic.driver import ElasticDriver
+
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho node-a\n")
+    script.chmod(0o755)
+    args = parse_args(["-np", "2", *(f.format(script=script) for f in flags), "python", "train.py"])
+    validate(args)
+    job = launch.make_job(args, launch.plan_job(args, args.command))
+    assert isinstance(job, ElasticDriver)
+    assert job.spec.extra_env["HOROVOD_ELASTIC"] == "1" and job.spec.extra_env["HOROVOD_BOOTSTRAP"] == "store"
+    elastic = job.elastic
+    hosts = expected.pop("hosts", None)
+    assert {key: getattr(elastic, key) for key in expected} == expected
+    if hosts is not None:
+        assert {h.hostname: h.slots for h in elastic.discovery.find_available_hosts()} == hosts
+
+
+def test_without_elastic_flags_the_job_is_fixed():
+    from horovod.runner.elastic.driver import ElasticDriver
+
+    args = parse_args(["-np", "2", "python", "train.py"])
+    job = launch.make_job(args, launch.plan_job(args, args.command))
+    assert not isinstance(job, ElasticDriver) and "HOROVOD_ELASTIC" not in job.spec.extra_env
 
 
 @pytest.mark.parametrize("flags, message", [
