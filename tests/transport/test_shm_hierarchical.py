@@ -149,8 +149,7 @@ TWO_HOSTS = ["-H", "localhost:2,127.0.0.1:2"]
 ], ids=["shm-2", "shm-3", "shm-4", "two-hosts", "two-hosts-flat", "uneven-hosts", "tcp-3", "shm-unavailable"])
 def test_every_collective_is_exact_and_identical_everywhere(np_, args, env, transport):
     result = hvdrun(COLLECTIVES, np=np_, args=args, env=env, timeout=180).check()
-    assert sorted(result.ranks) == list(range(np_))
-    for rank, values in result.ranks.items():
+    for rank, values in result.every_rank(np_):
         assert values["problems"] == [], f"rank {rank}: {values['problems']}"
         assert values["transport"] == transport
     # Results of the global set (the first digests) are bit-identical on every rank.
@@ -210,12 +209,12 @@ report(pid=pid, after_init=after_init, after_shutdown=after_shutdown, while_runn
 @pytest.mark.parametrize("np_,args", [(3, []), (4, TWO_HOSTS)], ids=["one-host", "two-hosts"])
 def test_no_segment_outlives_setup_shutdown_or_exit(np_, args):
     result = hvdrun(LIFECYCLE, np=np_, args=args).check()
-    for values in result.ranks.values():
+    for _, values in result.every_rank(np_):
         # Names are unlinked as soon as every peer has mapped them: nothing in /dev/shm, ever after.
         assert values["after_init"] == [] and values["after_shutdown"] == [] and values["again"] == []
         assert values["while_running"] == (3 if np_ == 3 else 2)  # our own segment and our local peers'
         assert values["mapped_after_shutdown"] == 0
-    assert _our_segments([v["pid"] for v in result.ranks.values()]) == []
+    assert _our_segments([v["pid"] for _, v in result.every_rank(np_)]) == []
 
 
 KILLED = r'''
@@ -254,7 +253,7 @@ def test_a_rank_killed_mid_allreduce_makes_the_others_fail_fast_naming_it(np_, a
         assert values["error"] is not None, f"rank {rank} did not notice"
         assert f"rank {victim}" in values["error"], values["error"]
         assert values["seconds"] < 5.5
-    assert _our_segments([v["pid"] for v in result.ranks.values()]) == []
+    assert _our_segments([v["pid"] for _, v in result.every_rank(np_)]) == []  # the victim's pid too
 
 
 def test_auto_choice_of_transport():
