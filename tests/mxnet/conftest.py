@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from engines import engine_unavailable
 from multirank import REPO
 
 
@@ -20,5 +21,5 @@ def mxnet_python() -> str:
     proc = subprocess.run(["bash", str(REPO / "scripts" / "setup-mxnet-venv.sh")], capture_output=True, text=True,
                           cwd=REPO, timeout=280)
     if proc.returncode != 0:
-        pytest.skip(f"mxnet 1.9.1 could not be installed here: {proc.stderr.strip()[-500:]}")
+        engine_unavailable(f"mxnet 1.9.1 could not be installed here: {proc.stderr.strip()[-500:]}")
     return str(REPO / proc.stdout.strip().splitlines()[-1])

@@ -28,6 +28,7 @@ from typing import Iterator
 
 import pytest
 
+from engines import engine_unavailable
 from leftovers import listening_addresses, wait_for_no_processes
 from multirank import REPO, child_env, hvdrun
 
@@ -85,9 +86,9 @@ _fixtures_made: list[None] = []  # a fresh name and subnet for every test's host
 @pytest.fixture
 def hosts(tmp_path: Path) -> Iterator[Hosts]:
     if os.geteuid() != 0:
-        pytest.skip("network namespaces need root")
+        engine_unavailable("network namespaces need root")
     if shutil.which("ip") is None:
-        pytest.skip("the `ip` tool (iproute2) is not installed")
+        engine_unavailable("the `ip` tool (iproute2) is not installed")
     _fixtures_made.append(None)
     tag = f"{os.getpid() % 10000}{len(_fixtures_made) % 10}"
     subnet = f"10.{200 + os.getpid() % 50}.{(os.getpid() + len(_fixtures_made)) % 250}"
@@ -97,7 +98,7 @@ def hosts(tmp_path: Path) -> Iterator[Hosts]:
     try:
         probe = _ip("netns", "add", made.namespaces[0], check=False)
         if probe.returncode != 0:
-            pytest.skip(f"cannot create a network namespace: {probe.stderr.strip()}")
+            engine_unavailable(f"cannot create a network namespace: {probe.stderr.strip()}")
         _ip("netns", "add", made.namespaces[1])
         _ip("link", "add", made.bridge, "type", "bridge")
         _ip("addr", "add", f"{made.launcher_address}/24", "dev", made.bridge)

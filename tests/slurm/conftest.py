@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from engines import engine_unavailable
+
 _NEEDED = ("slurmctld", "slurmd", "srun", "munged")
 
 
@@ -45,9 +47,9 @@ def slurm() -> dict[str, str]:
     """The environment that points srun at a running one-node cluster."""
     missing = [tool for tool in _NEEDED if shutil.which(tool) is None]
     if missing:
-        pytest.skip(f"Slurm is not installed ({', '.join(missing)} missing; apt-get install slurm-wlm munge)")
+        engine_unavailable(f"Slurm is not installed ({', '.join(missing)} missing; apt-get install slurm-wlm munge)")
     if os.geteuid() != 0:
-        pytest.skip("the Slurm fixture starts slurmctld/slurmd as root")
+        engine_unavailable("the Slurm fixture starts slurmctld/slurmd as root")
     tmp = Path(tempfile.mkdtemp(prefix="khorovod-slurm-"))
     for sub in ("state", "spool", "munge"):
         (tmp / sub).mkdir()

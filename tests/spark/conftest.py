@@ -1,7 +1,7 @@
 """A real Spark cluster for the tests of this folder: `local-cluster` mode, separate executor JVMs.
 
 One session per test module (starting one takes tens of seconds); it is stopped at the module's
-end, which stops its executors. Without pyspark or Java the tests are skipped, saying why.
+end, which stops its executors. Without pyspark or Java the tests are skipped, saying why (in CI they fail: tests/support/engines.py).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import sys
 from typing import Iterator
 
 import pytest
+
+from engines import engine_unavailable
 
 
 def _spark_missing() -> str | None:
@@ -28,7 +30,7 @@ def start_spark(executors: int = 2, cores: int = 1, app: str = "khorovod-tests")
     """A SparkSession on `executors` executor JVMs of `cores` task slots each, on loopback."""
     reason = _spark_missing()
     if reason:
-        pytest.skip(reason)
+        engine_unavailable(reason)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
