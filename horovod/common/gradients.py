@@ -31,8 +31,10 @@ def resolve_op(op: int | None, average: bool | None) -> int:
     if average is None:
         return Average if op is None else op
     if op is not None:
-        raise ValueError("pass op= or the deprecated average=, not both")
-    warnings.warn("average= is deprecated; pass op=Average or op=Sum", DeprecationWarning, stacklevel=3)
+        raise ValueError("The op parameter supersedes average. Please provide only one of them: op= "
+                         "(average= is deprecated).")
+    warnings.warn("Parameter `average` has been replaced with `op`; pass op=Average or op=Sum instead of "
+                  "average=True or False.", DeprecationWarning, stacklevel=3)
     return Average if average else Sum
 
 
@@ -75,9 +77,11 @@ class GradientReducer:
                  process_set: ProcessSet = global_process_set, compression: type[Compressor] = NoneCompressor,
                  scale_local_gradients: bool = True) -> None:
         if gradient_predivide_factor != 1.0 and op != Average:
-            raise ValueError("gradient_predivide_factor other than 1.0 needs op=Average")
+            raise ValueError("gradient_predivide_factor not supported with op != Average: a factor other than "
+                             "1.0 splits the averaging, so it needs op=Average.")
         if num_groups:
-            warnings.warn("num_groups is deprecated; use groups=", DeprecationWarning, stacklevel=3)
+            warnings.warn("Parameter `num_groups` has been replaced by `groups`; pass groups= (the same "
+                          "number, or lists of parameters).", DeprecationWarning, stacklevel=3)
             groups = num_groups if groups is None else groups
         if groups is not None and not (isinstance(groups, (list, tuple))
                                        or (isinstance(groups, int) and groups >= 0)):

@@ -249,7 +249,7 @@ def test_join_returns_the_same_rank_everywhere(result):
     ("rs_op", "ValueError", "Average or op=Sum"),
     ("noncontig", "ValueError", "contiguous"),
     ("dtype_unsupported", "ValueError", "complex64 is not supported"),
-    ("average_and_op", "ValueError", "deprecated average="),
+    ("average_and_op", "ValueError", "The op parameter supersedes average."),
     ("duplicate", "ValueError", "twice"),
 ])
 def test_errors_on_every_rank(result, key, kind, words):
