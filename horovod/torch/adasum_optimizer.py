@@ -31,10 +31,12 @@ class DistributedAdasumOptimizer:
     __class__ = property(lambda self: self._optimizer.__class__)  # type: ignore[assignment]
 
     def __init__(self, optimizer: torch.optim.Optimizer, compression: type[Compressor] = Compression.none,
-                 process_set: ProcessSet = global_process_set) -> None:
+                 process_set: ProcessSet = global_process_set,
+                 parameter_names: dict[torch.Tensor, str] | None = None) -> None:
         self._optimizer = optimizer
         self._compression = compression
         self._process_set = process_set
+        self._parameter_names = parameter_names or {}  # Horovod's attribute (the deltas travel as one group)
 
     def __getattr__(self, name: str) -> Any:
         if name == "_optimizer":  # not set yet (during unpickling)

@@ -361,7 +361,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
     if backward_passes_per_step <= 0:
         raise ValueError(f"backward_passes_per_step must be > 0, got {backward_passes_per_step}")
     if op == Adasum:
-        return DistributedAdasumOptimizer(optimizer, compression, process_set)
+        return DistributedAdasumOptimizer(optimizer, compression, process_set,
+                                          _parameter_names(optimizer, named_parameters))
     reducer = GradientReducer("DistributedOptimizer", op, gradient_predivide_factor, num_groups, groups,
                               process_set, compression)
     wrapper = _named_wrapper(type(optimizer))

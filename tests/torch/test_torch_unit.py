@@ -113,6 +113,10 @@ def test_adasum_optimizer_on_one_rank_is_the_wrapped_optimizer():
     opt = hvd.DistributedOptimizer(torch.optim.SGD(wrapped.parameters(), lr=0.1, momentum=0.9), op=hvd.Adasum)
     ref = torch.optim.SGD(plain.parameters(), lr=0.1, momentum=0.9)
     assert isinstance(opt, torch.optim.SGD)
+    assert list(opt._parameter_names.values()) == [f"allreduce.noname.0.{i}" for i in range(4)]
+    named = hvd.DistributedOptimizer(torch.optim.SGD(wrapped.parameters(), lr=0.1), op=hvd.Adasum,
+                                     named_parameters=wrapped.named_parameters())
+    assert sorted(named._parameter_names.values()) == sorted(n for n, _ in wrapped.named_parameters())
     for _ in range(2):
         for model, optimizer in ((plain, ref), (wrapped, opt)):
             optimizer.zero_grad()
