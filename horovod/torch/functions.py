@@ -18,8 +18,8 @@ def _named_tensors(params: Any) -> list[tuple[str | None, torch.Tensor]]:
     if isinstance(params, Mapping):  # a state_dict: key order may differ between ranks, so sort
         return sorted(params.items(), key=lambda item: item[0])
     if isinstance(params, torch.Tensor) or not isinstance(params, Iterable):
-        raise ValueError(f"broadcast_parameters: expected a state_dict, named_parameters() or a list of "
-                         f"tensors, got {type(params).__name__}")
+        raise ValueError(f"invalid params of type: {type(params)}. broadcast_parameters expects a state_dict, "
+                         "named_parameters() or a list of tensors")
     return [p if isinstance(p, tuple) else (None, p) for p in params]
 
 

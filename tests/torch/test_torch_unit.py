@@ -366,6 +366,8 @@ def test_broadcast_helpers_at_size_one():
     hvd.broadcast_parameters(model.named_parameters(), root_rank=0)
     hvd.broadcast_parameters(list(model.parameters()), root_rank=0)
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="^invalid params of type: <class 'int'>. broadcast_parameters expects"):
+        hvd.broadcast_parameters(5, root_rank=0)
     with pytest.raises(ValueError, match="state_dict"):
         hvd.broadcast_parameters(torch.zeros(2), root_rank=0)
     assert hvd.broadcast_object({"a": 1}) == {"a": 1}
