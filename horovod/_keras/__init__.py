@@ -66,7 +66,7 @@ def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str
     layers = [] if local_layers is None else local_layers if isinstance(local_layers, (list, tuple)) else [local_layers]
     for layer in layers:
         for var in layer.trainable_weights:
-            distributed.register_local_source(var)
+            distributed.register_local_var(var)
     return distributed
 
 
