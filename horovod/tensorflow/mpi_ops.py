@@ -15,34 +15,11 @@ import tensorflow as tf
 
 from horovod.common import basics, collective_rules
 from horovod.common import basics as _basics  # noqa: F401  (Horovod's tests read mpi_ops._basics)
-from horovod.common.basics import (  # noqa: F401  (Horovod re-exports the core API here; scripts import it)
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-    start_timeline,
-    stop_timeline,
-)
+from horovod.common import *  # noqa: F401,F403  (Horovod re-exports the core API here; scripts import it)
 from horovod.common import ops as core
 from horovod.common.gradients import resolve_op
-from horovod.common.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set  # noqa: F401
-from horovod.common.reduce_ops import Adasum, Average, Max, Min, Product, Sum  # noqa: F401
+from horovod.common.process_sets import ProcessSet, global_process_set
+from horovod.common.reduce_ops import Average, Sum
 from horovod.tensorflow._bridge import (
     Job,
     allgather_job,
