@@ -15,10 +15,13 @@ import numpy as np
 
 from horovod._keras.compression import Compression
 from horovod._keras.optimizer import DistributedOptimizer, keras2_optimizer_types, keras2_reducer
+from horovod._keras.xla import compile_distributed_models_without_xla
 from horovod.common import ops as core
 from horovod.common.compression import Compressor
 from horovod.common.gradients import resolve_op
 from horovod.common.reduce_ops import Average
+
+compile_distributed_models_without_xla()
 
 
 def _array(value: Any, compression: type[Compressor] = Compression.none) -> tuple[np.ndarray, Any]:

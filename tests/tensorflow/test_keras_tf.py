@@ -207,6 +207,22 @@ def _():
             hvd.allgather(np.full((r + 1, 1), r)), hvd.broadcast(np.array([r, r]), 1),
             hvd.reducescatter(np.arange(4.0).reshape(4, 1) * (r + 1)), type(hvd.allreduce(1.0)).__name__]
 
+@check("xla")
+def _():
+    """jit_compile=True (and what "auto" asks on a GPU): the model compiles without XLA and trains."""
+    import warnings
+    from keras.src.trainers.trainer import model_supports_jit
+    model = make_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss=loss, jit_compile=True)
+    model.fit(x[r::n], y[r::n], batch_size=8, epochs=1, shuffle=False, verbose=0)
+    plain = make_model()
+    plain.compile(optimizer=keras.optimizers.SGD(0.1), loss=loss, jit_compile=True)
+    return {"jit": model.jit_compile, "warned": [str(w.message) for w in caught if "jit_compile" in str(w.message)],
+            "auto_would_use_xla": model_supports_jit(model), "plain_keeps_xla": plain.jit_compile,
+            "weights": float(sum(np.sum(w) for w in model.get_weights()))}
+
 @check("broadcast_global_variables")
 def _():
     try:
@@ -326,3 +342,11 @@ def test_value_functions(run):
 
 def test_broadcast_global_variables_explains(run):
     assert both(run, "broadcast_global_variables") == ["RuntimeError"] * 2
+
+
+def test_jit_compile_falls_back_to_no_xla(run):
+    zero, one = both(run, "xla")
+    for got in (zero, one):
+        assert got["jit"] is False and got["auto_would_use_xla"] is False and got["plain_keeps_xla"] is True
+        assert got["warned"] == ["Model doesn't support `jit_compile=True`. Proceeding with `jit_compile=False`."]
+    assert zero["weights"] == one["weights"]  # trained, with the gradients reduced
