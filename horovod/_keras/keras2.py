@@ -101,22 +101,23 @@ class _Distributed:
         self._hvd_reduced = False  # the gradients about to be applied were reduced (set while tracing)
         self._agg_helper = None
         if passes > 1:
-            self._agg_helper = Keras2Aggregation(self._hvd_allreduce, passes, average, sparse_as_dense,
+            self._agg_helper = Keras2Aggregation(self._allreduce_grads, passes, average, sparse_as_dense,
                                                  self.register_local_var)
 
     def register_local_var(self, var: Any) -> None:
         """Keep `var`'s gradient on this rank (divided by the set size when `scale_local_gradients`)."""
         self._hvd_reducer.register_local_source(var)
 
-    def _hvd_allreduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
+    def _allreduce_grads(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
+        """`grads` reduced across ranks now (Horovod's name for it)."""
         return allreduce_gradients(self._hvd_reducer, list(grads), list(variables), self._hvd_sparse_as_dense)
 
-    def _hvd_reduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
-        """This call's gradients reduced, or summed towards the next reduction (Horovod's `_allreduce`)."""
+    def _allreduce(self, grads: Sequence[Any], variables: Sequence[Any]) -> list[Any]:
+        """This call's gradients reduced, or summed towards the next reduction (Horovod's name for it)."""
         self._hvd_reduced = True
         if self._agg_helper is not None:
             return self._agg_helper.compute_gradients(list(grads), list(variables))
-        return self._hvd_allreduce(grads, variables)
+        return self._allreduce_grads(grads, variables)
 
     # -- where Keras 2 computes gradients -------------------------------------------------------
     def _compute_gradients(self, loss: Any, var_list: Any, grad_loss: Any = None, tape: Any = None) -> list:
@@ -137,21 +138,21 @@ class _Distributed:
         return self._hvd_reduced_pairs(pairs)
 
     def get_gradients(self, loss: Any, params: Any) -> list[Any]:
-        return self._hvd_reduce(super().get_gradients(loss, params), params)  # type: ignore[misc]
+        return self._allreduce(super().get_gradients(loss, params), params)  # type: ignore[misc]
 
     def _hvd_reduced_pairs(self, pairs: Any) -> list:
         pairs = list(pairs)
         if not pairs:
             return pairs
         grads, variables = zip(*pairs)
-        return list(zip(self._hvd_reduce(grads, variables), variables))
+        return list(zip(self._allreduce(grads, variables), variables))
 
     # -- applying -------------------------------------------------------------------------------------
     def apply_gradients(self, grads_and_vars: Any, *args: Any, **kwargs: Any) -> Any:
         pairs = list(grads_and_vars)
         if not self._hvd_reduced and pairs:
             grads, variables = zip(*pairs)
-            pairs = list(zip(self._hvd_reduce(grads, variables), variables))
+            pairs = list(zip(self._allreduce(grads, variables), variables))
         self._hvd_reduced = False
         apply = super().apply_gradients  # type: ignore[misc]
         if self._agg_helper is None:
