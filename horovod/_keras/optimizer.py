@@ -265,15 +265,15 @@ class AggregationView:
         return self._optimizer._hvd_variables[-1] if self._optimizer._hvd_variables else None
 
 
+AGGREGATED_SPARSE = ("IndexedSlices are not supported when `backward_passes_per_step` > 1 and `sparse_as_dense` "
+                     "is False.")
+
+
 def dense_gradient(grad: Any, sparse_as_dense: bool) -> Any:
     """A gradient to add to a local sum: sparse ones only with `sparse_as_dense`, as Horovod says."""
     if type(grad).__name__ == "IndexedSlices" and not sparse_as_dense:
         raise ValueError(AGGREGATED_SPARSE)
     return grad
-
-
-AGGREGATED_SPARSE = ("IndexedSlices are not supported when `backward_passes_per_step` > 1 and `sparse_as_dense` "
-                     "is False.")
 
 
 def keras2_reducer(optimizer: Any, name: str | None = None, compression: type[Compressor] = Compression.none,
