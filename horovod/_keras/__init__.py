@@ -15,10 +15,13 @@ import numpy as np
 
 from horovod._keras.compression import Compression
 from horovod._keras.optimizer import DistributedOptimizer, keras2_optimizer_types, keras2_reducer
+from horovod._keras.xla import compile_distributed_models_without_xla
 from horovod.common import ops as core
 from horovod.common.compression import Compressor
 from horovod.common.gradients import resolve_op
 from horovod.common.reduce_ops import Average
+
+compile_distributed_models_without_xla()
 
 
 def _array(value: Any, compression: type[Compressor] = Compression.none) -> tuple[np.ndarray, Any]:
@@ -66,7 +69,7 @@ def PartialDistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str
     layers = [] if local_layers is None else local_layers if isinstance(local_layers, (list, tuple)) else [local_layers]
     for layer in layers:
         for var in layer.trainable_weights:
-            distributed.register_local_source(var)
+            distributed.register_local_var(var)
     return distributed
 
 

@@ -21,6 +21,7 @@ import keras
 import numpy as np
 
 from horovod._keras.callbacks import Keras2Hooks, broadcast_keras_variables, optimizer_variables
+from horovod._keras.optimizer import is_keras2_optimizer
 from horovod.common import basics
 from horovod.common import ops as core
 from horovod.common.elastic import ObjectState, run
@@ -43,7 +44,11 @@ class KerasState(ObjectState):
     def _variables(self) -> list[Any]:
         """The model's variables and the optimizer's (built now if it was not yet, so every rank,
         a newcomer included, has the same list to sync)."""
-        if self.optimizer is not None and not self.optimizer.built:
+        if is_keras2_optimizer(self.optimizer):  # tf_keras: no `built`; the legacy ones make slots lazily
+            from horovod._keras.keras2 import build_optimizer_state
+
+            build_optimizer_state(self.optimizer, self.model.trainable_variables)
+        elif self.optimizer is not None and not self.optimizer.built:
             self.optimizer.build(self.model.trainable_variables)
         return list(self.model.variables) + optimizer_variables(self.optimizer)
 

@@ -65,7 +65,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     `backward_passes_per_step=n` sums the gradients of n calls locally and reduces and applies
     them on every n-th call (divided by n when `average_aggregated_gradients`); the other calls
-    change no weights. `device_dense`/`device_sparse` are accepted for compatibility.
+    change no weights but count in `iterations`, as in Horovod. `device_dense`/`device_sparse`
+    are accepted for compatibility.
     """
 
     def __new__(cls, optimizer: Any = None, *args: Any, **kwargs: Any) -> Any:
@@ -145,9 +146,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
         return getattr(inner, name)
 
-    def register_local_source(self, variable: Any) -> None:
-        """Keep `variable`'s gradient on this rank (see DistributedGradientTape)."""
-        self._reducer.register_local_source(variable)
+    def register_local_var(self, var: Any) -> None:
+        """Keep `var`'s gradient on this rank (divided by the set size when `scale_local_gradients`)."""
+        self._reducer.register_local_source(var)
+
+    @property
+    def _agg_helper(self) -> "AggregationView | None":
+        """What Horovod's tests read of its aggregation helper (None without aggregation)."""
+        return AggregationView(self) if self._passes_per_step > 1 else None
 
     def build(self, variables: Sequence[Any]) -> None:
         if not self._optimizer.built:
@@ -192,23 +198,28 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         mine = [accumulators[self._get_variable_index(v)] for v in variables]
         for acc, grad in zip(mine, grads):
             if grad is not None:
-                acc.assign_add(ops.convert_to_tensor(grad))
+                acc.assign_add(ops.convert_to_tensor(dense_gradient(grad, self._sparse_as_dense)))
         passes.assign_add(1)
 
         def reduce_and_apply() -> None:
-            scale = 1.0 / self._passes_per_step if self._average_aggregated else 1.0
-            summed = [None if g is None else acc.value * scale for acc, g in zip(mine, grads)]
-            reduced = allreduce_gradients(self._reducer, summed, variables, self._sparse_as_dense)
+            reduced = allreduce_gradients(self._reducer, [None if g is None else acc.value for acc, g in
+                                                          zip(mine, grads)], variables, self._sparse_as_dense)
+            if self._average_aggregated:
+                reduced = [None if g is None else g / self._passes_per_step for g in reduced]
             self._optimizer.apply(reduced, trainable_variables)
             for acc in mine:
                 acc.assign(ops.zeros(acc.shape, acc.dtype))
+            passes.assign(0)
 
-        boundary = ops.equal(passes % self._passes_per_step, 0)
+        def count_pass() -> None:  # as Horovod (and Keras' own gradient accumulation), every pass counts
+            self._optimizer.iterations.assign_add(1)
+
+        boundary = ops.equal(passes, self._passes_per_step)
         known = static_bool(boundary)
         if known is None:  # a traced TensorFlow graph: every rank takes the same branch at run time
-            ops.cond(boundary, reduce_and_apply, lambda: None)
-        elif known:
-            reduce_and_apply()
+            ops.cond(boundary, reduce_and_apply, count_pass)
+        else:
+            (reduce_and_apply if known else count_pass)()
 
     # -- saving ------------------------------------------------------------------------------------------
     def get_config(self) -> dict[str, Any]:
@@ -237,6 +248,32 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if config.get("op") not in OP_NAMES:
             config.pop("op", None)
         return cls(inner, **config)
+
+
+class AggregationView:
+    """Horovod's `optimizer._agg_helper`, as far as its users read it: `counter`, the passes summed
+    since the last reduction, and `register_local_var`."""
+
+    def __init__(self, optimizer: DistributedOptimizer) -> None:
+        self._optimizer = optimizer
+        self.backward_passes_per_step = optimizer._passes_per_step
+        self.register_local_var = optimizer.register_local_var
+
+    @property
+    def counter(self) -> Any:
+        """The pass counter (a variable); None until the optimizer is built."""
+        return self._optimizer._hvd_variables[-1] if self._optimizer._hvd_variables else None
+
+
+AGGREGATED_SPARSE = ("IndexedSlices are not supported when `backward_passes_per_step` > 1 and `sparse_as_dense` "
+                     "is False.")
+
+
+def dense_gradient(grad: Any, sparse_as_dense: bool) -> Any:
+    """A gradient to add to a local sum: sparse ones only with `sparse_as_dense`, as Horovod says."""
+    if type(grad).__name__ == "IndexedSlices" and not sparse_as_dense:
+        raise ValueError(AGGREGATED_SPARSE)
+    return grad
 
 
 def keras2_reducer(optimizer: Any, name: str | None = None, compression: type[Compressor] = Compression.none,

@@ -293,3 +293,10 @@ def cuda_built() -> bool:
 
 def rocm_built() -> bool:
     return False
+
+
+def _get_process_set_ids_and_ranks() -> dict[int, list[int]]:
+    """Every registered process set's id and its ranks, the global set (0) included. Horovod's
+    private query, kept under its name because its process-set tests read it through
+    `mpi_ops._basics`."""
+    return {set_id: list(ps.ranks) for set_id, ps in sorted(runtime().process_sets.items())}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-from typing import Iterator, Sequence, TypeVar
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from horovod.common import basics
 
@@ -48,6 +48,27 @@ def gpu_available(ext_base_name: str, verbose: bool = False) -> bool:
     if verbose and not available:
         print(f"Extension {ext_base_name} was built without GPU support")
     return available
+
+
+def _build_query(query: Callable[[], T]) -> Callable[..., T]:
+    """`query` as Horovod's `util` spells it, with a `verbose` flag (nothing to print here: the
+    answer does not come from probing compiled extensions)."""
+
+    def built(verbose: bool = False) -> T:
+        return query()
+
+    built.__name__ = built.__qualname__ = query.__name__
+    built.__doc__ = query.__doc__
+    return built
+
+
+gloo_built = _build_query(basics.gloo_built)
+mpi_built = _build_query(basics.mpi_built)
+nccl_built = _build_query(basics.nccl_built)
+ccl_built = _build_query(basics.ccl_built)
+ddl_built = _build_query(basics.ddl_built)
+cuda_built = _build_query(basics.cuda_built)
+rocm_built = _build_query(basics.rocm_built)
 
 
 def split_list(items: Sequence[T], parts: int) -> list[Sequence[T]]:

@@ -86,5 +86,5 @@ class RayLauncher:
             num_cpus=resources.get("CPU", 1), num_gpus=resources.get("GPU", 0),
             scheduling_strategy=NodeAffinitySchedulingStrategy(slot.hostname, soft=False),
             runtime_env={"env_vars": {**env, SECRET_KEY_ENV: self.context.secret_hex}}, max_restarts=0,
-        ).remote(slot.rank)
+        ).remote(slot.rank, slot.size)
         return RayWorkerProcess(slot, actor, actor.run_task.remote())

@@ -22,7 +22,7 @@ from horovod.common.rendezvous import RendezvousServer
 from horovod.ray import results
 from horovod.ray.elastic import ElasticRayExecutor
 from horovod.ray.placement import Layout, slots_by_node
-from horovod.ray.settings import NO_SSH, OWN_DISCOVERY, ElasticRaySettings, RaySettings, ray_address, warn_ignored
+from horovod.ray.settings import NO_SSH, ElasticRaySettings, RaySettings, ray_address, warn_ignored
 from horovod.ray.worker import BaseHorovodWorker
 from horovod.runner.job import worker_env
 from horovod.runner.launchers import SECRET_KEY_ENV
@@ -42,17 +42,20 @@ class RayExecutor:
                  min_workers: int | None = None, max_workers: int | None = None, reset_limit: int | None = None,
                  cooldown_range: tuple[int, int] | None = None, elastic_timeout: int = 600,
                  override_discovery: bool = True) -> None:
-        if not override_discovery:
-            warn_ignored("override_discovery=False", OWN_DISCOVERY)
+        elastic_mode = min_workers is not None or max_workers is not None
+        if not override_discovery and not elastic_mode:
+            warn_ignored("override_discovery=False", "only an elastic RayExecutor (min_workers/max_workers) "
+                         "discovers hosts")
         self.settings = settings
         # min_workers/max_workers: Horovod's elastic RayExecutor, which is an ElasticRayExecutor.
         self._elastic: ElasticRayExecutor | None = None
-        if min_workers is not None or max_workers is not None:
+        if elastic_mode:
             elastic = ElasticRaySettings(timeout_s=settings.timeout_s, nics=settings.nics,
                                          min_num_proc=min_workers or 1, max_num_proc=max_workers,
                                          reset_limit=reset_limit, elastic_timeout=elastic_timeout,
-                                         cooldown_range=cooldown_range)
-            self._elastic = ElasticRayExecutor(elastic, use_gpu, cpus_per_worker, gpus_per_worker)
+                                         cooldown_range=cooldown_range, discovery=getattr(settings, "discovery", None))
+            self._elastic = ElasticRayExecutor(elastic, use_gpu, cpus_per_worker, gpus_per_worker,
+                                               override_discovery=override_discovery)
             num_workers = num_workers or elastic.min_num_proc  # unused: only to check the other arguments
         self.layout = Layout.of(num_workers, num_hosts, num_workers_per_host, cpus_per_worker, use_gpu,
                                 gpus_per_worker)
@@ -98,7 +101,7 @@ class RayExecutor:
             extra = {**self.settings.worker_env(), **{k: str(v) for k, v in (extra_env_vars or {}).items()}}
             for slot, bundle in placed:
                 env = {**worker_env({}, extra, slot, address, port), SECRET_KEY_ENV: secret.hex()}
-                self.workers.append(self._actor(bundle, env).remote(slot.rank))
+                self.workers.append(self._actor(bundle, env).remote(slot.rank, slot.size))
             ray.get([worker.start_executable.remote(executable_cls, list(executable_args or []),
                                                     dict(executable_kwargs or {})) for worker in self.workers],
                     timeout=self.settings.placement_group_timeout_s)

@@ -5,15 +5,17 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 import ray
 
 from horovod.runner.env_builder import horovod_env
 
 
-@dataclass(frozen=True)
+@dataclass
 class RaySettings:
-    """`RayExecutor.create_settings(...)`: how long to wait, and which network interfaces to use."""
+    """`RayExecutor.create_settings(...)`: how long to wait, and which network interfaces to use.
+    Scripts may change a field after it is made (`settings.timeout_s = 60`), as Horovod's allow."""
 
     timeout_s: float = 30  # HOROVOD_START_TIMEOUT of the workers: every rank must init() within it
     ssh_identity_file: str | None = None  # accepted for Horovod's signature; Ray needs no ssh
@@ -32,7 +34,6 @@ def warn_ignored(option: str, why: str) -> None:
 
 
 NO_SSH = "Ray starts the workers as actors; nothing is copied or started over ssh"
-OWN_DISCOVERY = "hosts are always the Ray cluster's nodes (ray.nodes()); a discovery script is not used"
 
 
 def ray_address() -> str:
@@ -42,9 +43,11 @@ def ray_address() -> str:
     return ray.util.get_node_ip_address()
 
 
-@dataclass(frozen=True)
+@dataclass
 class ElasticRaySettings(RaySettings):
-    """`ElasticRayExecutor.create_settings(...)`: the elastic limits, besides `RaySettings`."""
+    """`ElasticRayExecutor.create_settings(...)`: the elastic limits, besides `RaySettings`.
+    `discovery` finds the hosts: the executor sets it to a `RayHostDiscovery` unless it is made
+    with `override_discovery=False`, when a script's own (`settings.discovery = ...`) is used."""
 
     min_num_proc: int = 1
     max_num_proc: int | None = None
@@ -52,3 +55,4 @@ class ElasticRaySettings(RaySettings):
     elastic_timeout: float = 600
     cooldown_range: tuple[int, int] | None = None
     verbose: bool = False
+    discovery: Any = None

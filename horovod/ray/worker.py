@@ -37,9 +37,25 @@ def report(value: Any) -> None:
     Only rank 0's values are delivered, as in Horovod; on other ranks, or outside a run that was
     given callbacks, this does nothing.
     """
+    deliver(value)
+
+
+def deliver(value: Any, chief_only: bool = True) -> bool:
+    """Send `value` to the driver's callbacks (from rank 0 only, with `chief_only`); False when
+    it should go but this worker has nowhere to send it (no callbacks, or outside a run)."""
     rank = basics.rank() if basics.is_initialized() else _slot_rank
-    if _reporter is not None and rank == 0:
-        _reporter.put(value)
+    if chief_only and rank != 0:
+        return True
+    if _reporter is None:
+        return False
+    _reporter.put(value)
+    return True
+
+
+def use_reporter(reporter: Reporter | None) -> None:
+    """Send what this worker reports to `reporter` (`horovod.ray.ray_logger.configure`)."""
+    global _reporter
+    _reporter = reporter
 
 
 def node_name() -> str:
@@ -101,8 +117,8 @@ class BaseHorovodWorker:
     `execute(fn)` calls `fn(executable)` on every worker.
     """
 
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
+    def __init__(self, world_rank: int = 0, world_size: int = 1) -> None:
+        self.world_rank, self.world_size = world_rank, world_size
         self.executable: Any = None
 
     def node_id(self) -> str:
@@ -122,7 +138,7 @@ class BaseHorovodWorker:
             self.executable = executable_cls(*args, **kwargs)
 
     def execute(self, fn: Callable[[Any], Any], reporter: Reporter | None = None) -> Any:
-        return run_reporting(self.rank, lambda: fn(self.executable), reporter)
+        return run_reporting(self.world_rank, lambda: fn(self.executable), reporter)
 
     def run_task(self) -> int:
         """An elastic job's worker: `horovod.runner.run_task` in this process (function from the store)."""

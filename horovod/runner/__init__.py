@@ -85,7 +85,7 @@ def run(
     `min_num_proc` ranks.
     """
     # Imported here so that `python -m horovod.runner.launch` does not find launch half-imported.
-    from horovod.runner import launch
+    from horovod.runner import launch, noop_flags
 
     num_proc = _deprecated("np", "num_proc", np, num_proc)
     min_num_proc = _deprecated("min_np", "min_num_proc", min_np, min_num_proc)
@@ -116,6 +116,7 @@ def run(
         network_interfaces = network_interfaces.split(",")
     hargs.nics = [nic.strip() for nic in network_interfaces or () if nic.strip()] or None
     launch.validate(hargs)
+    noop_flags.warn_noop_flags(hargs)  # disable_cache=True says, as --disable-cache does, that it changes nothing
 
     return run_spec(hargs, function_job_spec(hargs, executable), func, args, kwargs)
 

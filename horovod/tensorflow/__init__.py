@@ -19,6 +19,7 @@ accepted and ignored). Not supported: XLA (`jit_compile=True`) around a collecti
 
 from horovod.common import *  # noqa: F401,F403  (basics, op constants, process sets)
 from horovod.common import __all__ as _common_all
+from horovod.common.util import gpu_available  # noqa: F401  (`hvd.gpu_available("tensorflow")`, as in Horovod)
 from horovod.tensorflow.compression import Compression
 from horovod.tensorflow.functions import (
     BroadcastGlobalVariablesHook,

@@ -14,6 +14,8 @@ import numpy as np
 import tensorflow as tf
 
 from horovod.common import basics, collective_rules
+from horovod.common import basics as _basics  # noqa: F401  (Horovod's tests read mpi_ops._basics)
+from horovod.common import *  # noqa: F401,F403  (Horovod re-exports the core API here; scripts import it)
 from horovod.common import ops as core
 from horovod.common.gradients import resolve_op
 from horovod.common.process_sets import ProcessSet, global_process_set

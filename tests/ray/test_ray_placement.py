@@ -49,11 +49,13 @@ def test_horovod_options_that_mean_nothing_on_ray_say_so():
 
     with pytest.warns(UserWarning, match=r"ssh_identity_file/ssh_str has no effect here: Ray starts the workers"):
         settings = RayExecutor.create_settings(ssh_identity_file="~/.ssh/id_rsa")
-    with pytest.warns(UserWarning, match=r"override_discovery=False has no effect here: hosts are always"):
+    with pytest.warns(UserWarning, match=r"override_discovery=False has no effect here: only an elastic RayExecutor"):
         RayExecutor(settings, num_workers=1, override_discovery=False)
     with pytest.warns(UserWarning, match=r"ssh_identity_file has no effect here"):
         elastic = ElasticRayExecutor.create_settings(ssh_identity_file="key")
-    with pytest.warns(UserWarning, match=r"override_discovery=False has no effect here"):
+    with pytest.raises(ValueError, match=r"override_discovery=False needs a discovery of your own"):
         ElasticRayExecutor(elastic, override_discovery=False)
+    with pytest.warns(UserWarning, match=r"ssh_port has no effect here"):
+        ElasticRayExecutor.create_settings(ssh_port=22)
     with pytest.warns(UserWarning, match=r"replicate_pem=True has no effect here"):
         DistributedTrainableCreator(lambda config: None, replicate_pem=True)

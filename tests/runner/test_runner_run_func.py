@@ -50,6 +50,19 @@ def test_unpicklable_result_is_a_failure():
         run(lambda: (x for x in ()), num_proc=1)
 
 
+def test_disable_cache_warns_as_the_flag_does(caplog):
+    # horovod.run(..., disable_cache=True), as Horovod's API takes it: the job runs, and the warning
+    # is the one horovodrun --disable-cache gives
+    with caplog.at_level("WARNING", logger="horovod.runner"):
+        assert run(lambda: int(os.environ["HOROVOD_RANK"]), num_proc=2, disable_cache=True) == [0, 1]
+    warned = [r.getMessage() for r in caplog.records if "--disable-cache" in r.getMessage()]
+    assert warned == ["--disable-cache is accepted but has no effect here: this launcher keeps no cache to disable"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="horovod.runner"):
+        run(lambda: 0, num_proc=1, disable_cache=False)
+    assert not [r for r in caplog.records if "--disable-cache" in r.getMessage()]
+
+
 def test_np_is_a_deprecated_alias():
     with pytest.warns(DeprecationWarning, match="np= is deprecated"):
         assert run(lambda: 7, np=2) == [7, 7]

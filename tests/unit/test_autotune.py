@@ -60,9 +60,9 @@ def test_search_ends_near_the_best_and_logs_every_configuration(tmp_path):
     rows = list(csv.reader(log.open()))
     assert ",".join(rows[0]) == LOG_HEADER
     assert len(rows) == 1 + 12 + 2 + 1  # header, joint stage, cache on/off, the chosen one
-    assert rows[1][4:6] == ["5", str(4 * MIB)]  # Horovod's first seed point
+    assert rows[1][4:6] == ["5", "4"]  # Horovod's first seed point: 5 ms, 4 MB (the threshold in MB, as Horovod)
     chosen = rows[-1]
-    assert chosen[3:6] == ["1", f"{final.cycle_time_ms:g}", str(final.fusion_threshold)]
+    assert chosen[3:6] == ["1", f"{final.cycle_time_ms:g}", f"{final.fusion_threshold / MIB:g}"]
     assert float(chosen[6]) == max(float(r[6]) for r in rows[1:-1] if r[3] == "1")
 
 

@@ -44,3 +44,18 @@ def test_settings_carry_the_launchers_slot():
     settings = Settings.from_env(ompi(1, 2, 1, 2))
     assert settings.bootstrap == "mpi" and settings.launcher_slot.rank == 1
     assert Settings.from_env({}).launcher_slot is None
+
+
+def test_get_env_rank_and_size_as_horovods_tests_call_it(monkeypatch):
+    from horovod.runner.common.util.env import get_env_rank_and_size
+
+    for name in ("HOROVOD_RANK", "HOROVOD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK",
+                 "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    assert get_env_rank_and_size() == (0, 1)  # no launcher: one process
+    monkeypatch.setenv("PMI_RANK", "2")
+    monkeypatch.setenv("PMI_SIZE", "4")
+    assert get_env_rank_and_size() == (2, 4)
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "1")  # Open MPI's pair comes first, and is incomplete
+    with pytest.raises(RuntimeError, match="only one of OMPI_COMM_WORLD_RANK and OMPI_COMM_WORLD_SIZE"):
+        get_env_rank_and_size()

@@ -173,7 +173,7 @@ class Autotuner:
         if not self.config.log_file:
             return
         row = [int(bool(knobs.hierarchical_allreduce)), int(bool(knobs.hierarchical_allgather)), 0,
-               int(knobs.cache_enabled), f"{knobs.cycle_time_ms:g}", knobs.fusion_threshold,
+               int(knobs.cache_enabled), f"{knobs.cycle_time_ms:g}", f"{knobs.fusion_threshold / _MIB:g}",
                "" if score is None else f"{score:.6g}"]
         with open(self.config.log_file, "a") as f:
             f.write(",".join(str(v) for v in row) + "\n")

@@ -1,0 +1,1 @@
+"""Where Horovod keeps the runner's shared helpers; scripts and Horovod's tests import from here."""
