@@ -141,7 +141,9 @@ class ShardedOptimizer:
         self._install_shards()
         self._load_pieces(everything)
 
-    def _ensure_layout(self) -> None:
+    def ensure_layout(self) -> None:
+        """Reshard now if `reshard_on_next_step` asked for it (collective then); refuse a layout
+        that no longer fits the membership."""
         if self._pending is not None:
             self.reshard(self._pending)
         elif self._layout != self._current_layout():
@@ -197,7 +199,7 @@ class ShardedOptimizer:
             with torch.enable_grad():
                 loss = closure()
         with torch.no_grad():
-            self._ensure_layout()
+            self.ensure_layout()
             self._refresh_shards()
             self._gradient_blocks()
         self._optimizer.step()
@@ -252,7 +254,7 @@ class ShardedOptimizer:
 
     def consolidate_state_dict(self, to: int = 0) -> None:
         """Collective: gather the whole optimizer state on global rank `to`, for `state_dict()`."""
-        self._ensure_layout()
+        self.ensure_layout()
         every = ops.allgather_object(self.state_pieces(), f"{_NAME}.consolidate", self._reducer.process_set)
         if basics.rank() != to:
             self._consolidated = None
@@ -290,7 +292,7 @@ class ShardedOptimizer:
             raise ValueError(f"{_NAME}.load_state_dict: the state has groups of "
                              f"{[len(g['params']) for g in groups]} parameters, this optimizer "
                              f"{[len(params) for params in self._params]}")
-        self._ensure_layout()
+        self.ensure_layout()
         pieces = []
         for g, (group, params) in enumerate(zip(groups, self._params)):
             saved = [state_dict["state"].get(i, {}) for i, p in zip(group["params"], params) if p.requires_grad]
@@ -302,11 +304,11 @@ class ShardedOptimizer:
     def shard_state_dict(self) -> dict:
         """This rank's part of the state (no communication), for `load_shard_state_dict` on the
         same rank of a job with the same ranks and parameters."""
-        self._ensure_layout()
+        self.ensure_layout()
         return {"layout": self._layout, "optimizer": self._optimizer.state_dict()}
 
     def load_shard_state_dict(self, state_dict: dict) -> None:
-        self._ensure_layout()
+        self.ensure_layout()
         if state_dict["layout"] != self._layout:
             raise ValueError(f"{_NAME}.load_shard_state_dict: the part was saved by rank {state_dict['layout'].rank} "
                              f"of {state_dict['layout'].size} (sizes {state_dict['layout'].totals}), this is rank "
