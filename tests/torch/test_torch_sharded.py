@@ -7,22 +7,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from multirank import hvdrun  # noqa: E402
+from torch_regression import prelude  # noqa: E402
 
-SHARDED = r'''
-import torch
-import horovod.torch as hvd
-
-torch.set_num_threads(1)
-hvd.init()
-r, n = hvd.rank(), hvd.size()
-torch.manual_seed(0)
-X, Y = torch.randn(12, 5, dtype=torch.float64), torch.randn(12, 3, dtype=torch.float64)
-SHARD = torch.arange(12)[r::n]
-
-def make():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)).double()
-
+SHARDED = prelude() + r'''
 def groups(model):  # two groups with their own options: the layers' weights, then the biases
     weights = [p for name, p in model.named_parameters() if name.endswith("weight")]
     biases = [p for name, p in model.named_parameters() if name.endswith("bias")]
@@ -57,9 +44,9 @@ for label, factory in factories.items():
     hvd.broadcast_parameters(sharded.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     train(single, single_opt, 4, torch.arange(12))
-    train(plain, plain_opt, 4, SHARD)
-    train(sharded, opt, 2, SHARD)
-    train(sharded, opt, 2, SHARD, passes=2)  # accumulated backward passes need no option
+    train(plain, plain_opt, 4, ROWS)
+    train(sharded, opt, 2, ROWS)
+    train(sharded, opt, 2, ROWS, passes=2)  # accumulated backward passes need no option
     report(**{f"{label}_vs_plain": max_diff(sharded, plain), f"{label}_vs_single": max_diff(sharded, single),
               f"{label}_bytes": state_bytes(opt), f"{label}_plain_bytes": state_bytes(plain_opt),
               f"{label}_isinstance": isinstance(opt, torch.optim.Optimizer) and type(opt).__name__})
@@ -83,8 +70,8 @@ for label, factory in factories.items():
     resumed_opt.load_state_dict(whole)
     part = resumed_opt.shard_state_dict()
     resumed_opt.load_shard_state_dict(part)
-    train(resumed, resumed_opt, 2, SHARD)
-    train(plain, plain_opt, 2, SHARD)
+    train(resumed, resumed_opt, 2, ROWS)
+    train(plain, plain_opt, 2, ROWS)
     report(**{f"{label}_resumed_vs_plain": max_diff(resumed, plain)})
     hvd.barrier()
     if r == 0:
@@ -95,7 +82,7 @@ for label, factory in factories.items():
 model = make()
 opt = hvd.ShardedDistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1))
 scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-train(model, opt, 1, SHARD)
+train(model, opt, 1, ROWS)
 scheduler.step()
 report(lr=opt.param_groups[0]["lr"])
 try:
