@@ -59,6 +59,7 @@ from horovod.torch.compression import Compression, Compressor
 from horovod.torch._bridge import Pending, start
 from horovod.torch.adasum_optimizer import DistributedAdasumOptimizer
 from horovod.torch.mpi_ops import sparse_allreduce_async
+from horovod.torch.powersgd import PowerSGD
 
 __all__ = ["DistributedOptimizer"]
 
@@ -172,6 +173,9 @@ class _DistributedOptimizer:
                     self._inflight.append((handle, [(p, grad, None, None)]))
                     continue
                 grad = p.grad = grad.to_dense()
+            if isinstance(reducer.compression, PowerSGD):  # reduces a step's gradients together, itself
+                self._inflight.append((reducer.compression.submit(grad, self._names[p], reducer), [(p, grad, None, None)]))
+                continue
             sent, ctx = reducer.compression.compress(grad)
             dense.append((p, grad, sent, ctx))
         if not dense:
@@ -201,7 +205,7 @@ class _DistributedOptimizer:
                 for p, grad, sent, ctx in items:
                     if sent is not grad:
                         grad.copy_(self._reducer.compression.decompress(sent, ctx))
-            else:  # a sparse gradient: the reduced tensor replaces it
+            else:  # a sparse or PowerSGD gradient: the reduced tensor replaces it
                 items[0][0].grad = pending()
         self._inflight.clear()
 
