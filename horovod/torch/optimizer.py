@@ -391,7 +391,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
 
     named_parameters: `model.named_parameters()`, to name each gradient's allreduce (recommended;
       otherwise parameters are named by position). Names must be unique and cover every parameter.
-    compression: `Compression.none`, `.fp16` or `.bf16` for the gradients on the wire.
+    compression: `Compression.none`, `.fp16` or `.bf16` for the gradients on the wire, or
+      `Compression.powersgd(...)` (low-rank, with error feedback; a khorovod extension).
     backward_passes_per_step: backward passes accumulated locally before each allreduce.
     op: `Average`, `Sum`, or `Adasum` (the delta optimizer of `horovod.torch.adasum_optimizer`).
     gradient_predivide_factor: with Average, divide by this before the sum and by size/factor after.
