@@ -55,7 +55,7 @@ class ShardedOptimizer:
         self._reducer = reducer
         self._params = [list(group["params"]) for group in optimizer.param_groups]  # every parameter, as given
         self._trainable = [[p for p in params if p.requires_grad] for params in self._params]
-        names = dict((p, n) for n, p in named_parameters) if named_parameters is not None else {}
+        names = {p: n for n, p in named_parameters} if named_parameters is not None else {}
         self._names = {p: names.get(p, f"param_groups[{g}][{i}]")
                        for g, params in enumerate(self._params) for i, p in enumerate(params)}
         for g, params in enumerate(self._trainable):

@@ -138,4 +138,3 @@ def test_layout_blocks_and_state_reassembled_under_another_layout():
     with pytest.raises(RuntimeError, match=r"positions 4\.\.7 of param group 0 is on no remaining rank"):
         assemble([pieces[1], pieces[2]], 0, 0, 10, 10)
     assert assemble([Piece(0, 0, 10)], 0, 0, 5, 5) == {}  # no step taken yet: nothing to rebuild
-
