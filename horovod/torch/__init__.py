@@ -50,6 +50,7 @@ from horovod.torch.mpi_ops import (
     synchronize,
 )
 from horovod.torch.optimizer import DistributedOptimizer
+from horovod.torch.sharded import ShardedDistributedOptimizer
 from horovod.torch.sync_batch_norm import SyncBatchNorm
 
 __all__ = sorted(set(_common_all) | {
@@ -60,4 +61,5 @@ __all__ = sorted(set(_common_all) | {
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
     "grouped_reducescatter", "grouped_reducescatter_async", "init", "join", "poll", "reducescatter",
     "reducescatter_async", "sparse_allreduce_async", "synchronize",
+    "ShardedDistributedOptimizer",  # an extension: optimizer state sharded across the ranks
 })

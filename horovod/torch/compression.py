@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from horovod.common.compression import CastCompressor, Compressor, NoneCompressor
+from horovod.torch.powersgd import PowerSGD
 
 
 class _TorchCast(CastCompressor):
@@ -41,6 +42,12 @@ class Compression:
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+
+    @staticmethod
+    def powersgd(**options: Any) -> PowerSGD:
+        """PowerSGD low-rank compression with error feedback (a khorovod extension, for
+        `DistributedOptimizer`); `options` are `horovod.torch.powersgd.PowerSGD`'s."""
+        return PowerSGD(**options)
 
 
 __all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]

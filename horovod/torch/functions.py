@@ -10,6 +10,7 @@ import torch
 from horovod.common import basics, ops
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.torch._bridge import Pending, start
+from horovod.torch.sharded import ShardedOptimizer
 
 __all__ = ["allgather_object", "broadcast_object", "broadcast_optimizer_state", "broadcast_parameters"]
 
@@ -60,6 +61,9 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     were. An empty state (no step taken yet) stays empty everywhere; torch creates it on the
     first step identically on every rank. `model` is accepted for compatibility and unused.
     """
+    if isinstance(optimizer, ShardedOptimizer):  # its state blocks belong to their ranks
+        optimizer.broadcast_hyperparameters(root_rank)
+        return
     is_root = basics.rank() == root_rank
     tensors: list[torch.Tensor] = []
     skeleton = _without_tensors(optimizer.state_dict(), tensors) if is_root else None

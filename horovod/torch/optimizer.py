@@ -18,12 +18,18 @@ Where a rank has less than two cores of its own (`cores_per_rank`: e.g. 2 ranks 
 machine), overlapping gains nothing: reducing is memory copies and sums that take the same core
 from backward, and each allreduce then needs the peer's engine thread to get its core at the
 same moment, so it waits on the scheduler. There the hooks only mark the gradients ready and
-`synchronize()` submits them all at once from the thread that then drives the reduction itself
-(measured in docs/performance.md). The sums are the same; only when they run changes.
+the end of backward submits them all at once from the thread that then drives the reduction
+itself (measured in docs/performance.md). The sums are the same; only when they run changes.
 Gradients on a GPU always overlap: their allreduce is queued on NCCL's stream as each bucket
 fills, as DDP's buckets are, and `step()` waits on its events, not on the host.
 `HOROVOD_TORCH_OVERLAP_BACKWARD` overrides that rule (`Settings.torch_overlap_backward`, a
 khorovod extension): `1` submits every bucket from its hook whatever the cores, `0` never does.
+
+When `backward()` returns, the gradients it completed are the averaged ones, as with DDP: a
+callback queued on autograd's engine waits for their reductions as the pass ends. So a
+`GradScaler`'s unscaling and inf check, clipping, or logging see the same numbers on every rank
+with no `synchronize()` in the user's code, and every rank skips the same steps. Parameters the
+pass did not reach are reduced by `step()`. `no_sync()` blocks start no reduction at all.
 
 Gradient accumulation (`backward_passes_per_step=k`): the allreduce of a parameter starts on
 its k-th backward pass. If `step()` or `synchronize()` comes earlier, e.g. on the last, shorter
@@ -53,6 +59,7 @@ from horovod.torch.compression import Compression, Compressor
 from horovod.torch._bridge import Pending, start
 from horovod.torch.adasum_optimizer import DistributedAdasumOptimizer
 from horovod.torch.mpi_ops import sparse_allreduce_async
+from horovod.torch.powersgd import PowerSGD
 
 __all__ = ["DistributedOptimizer"]
 
@@ -88,6 +95,8 @@ class _DistributedOptimizer:
         self._held: list[_Bucket] = []  # complete buckets waiting for synchronize() (no overlap)
         self._synchronized = False
         self._should_synchronize = True
+        self._no_sync = 0  # depth of no_sync() blocks: their backward passes only accumulate
+        self._finish_queued = False  # the end-of-backward callback of the running backward pass
         process_set = reducer.process_set
         settings = Settings.from_env()
         self._active = bool(process_set.included()) and (basics.size() > 1 or settings.elastic)
@@ -127,6 +136,11 @@ class _DistributedOptimizer:
         weakref.finalize(self, _remove_hooks, handles)
 
     def _on_gradient(self, param: torch.Tensor) -> None:
+        if self._no_sync:
+            return
+        if not self._finish_queued:
+            self._finish_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_ready)
         left = self._passes_left[param] - 1
         if left < 0:
             raise AssertionError(
@@ -159,7 +173,10 @@ class _DistributedOptimizer:
                     handle = sparse_allreduce_async(grad, self._parameter_names[p], reducer.op, reducer.process_set)
                     self._inflight.append((handle, [(p, grad, None, None)]))
                     continue
-                grad = grad.to_dense()  # handed back sparse once reduced (synchronize)
+                grad = grad.to_dense()  # handed back sparse once reduced (_complete_inflight)
+            if isinstance(reducer.compression, PowerSGD):  # reduces a step's gradients together, itself
+                self._inflight.append((reducer.compression.submit(grad, self._parameter_names[p], reducer), [(p, grad, None, None)]))
+                continue
             sent, ctx = reducer.compression.compress(grad)
             dense.append((p, grad, sent, ctx))
         if not dense:
@@ -168,6 +185,43 @@ class _DistributedOptimizer:
                          name=bucket.name, op=reducer.op, prescale_factor=reducer.prescale,
                          postscale_factor=reducer.postscale, process_set=reducer.process_set)
         self._inflight.append((pending, dense))
+
+    def _finish_ready(self) -> None:
+        """At the end of a backward pass: finish the reductions of every bucket complete in it,
+        so that when `backward()` returns, those gradients are the averaged ones on every rank.
+        A GradScaler's unscaling and inf check then see the same numbers everywhere and skip
+        the same steps. Buckets not complete yet (more passes to come, parameters this pass did
+        not reach) are left for later passes or `step()`."""
+        self._finish_queued = False
+        with basics.runtime().engine.batch_waits():
+            for bucket in self._held:
+                self._launch(bucket)
+        self._held.clear()
+        self._complete_inflight()
+
+    def _complete_inflight(self) -> None:
+        for pending, items in self._inflight:
+            if isinstance(pending, Pending):
+                pending.wait()
+                for p, grad, sent, ctx in items:
+                    if sent is not grad:
+                        grad.copy_(self._reducer.compression.decompress(sent, ctx))
+                    if grad is not p.grad:  # sparse_as_dense: the optimizer (SparseAdam) wants it sparse
+                        p.grad = grad.to_sparse(p.grad.sparse_dim())
+            else:  # a sparse or PowerSGD gradient: the reduced tensor replaces it
+                items[0][0].grad = pending()
+        self._inflight.clear()
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward passes inside this block accumulate gradients locally and start no
+        reduction, nor count towards `backward_passes_per_step`; the next pass outside it
+        reduces the sum (as DDP's `no_sync`). `step()` inside the block still reduces."""
+        self._no_sync += 1
+        try:
+            yield
+        finally:
+            self._no_sync -= 1
 
     # -- the step -----------------------------------------------------------------------------------------
     def synchronize(self) -> None:
@@ -185,21 +239,13 @@ class _DistributedOptimizer:
                 for bucket in self._held + self._buckets:
                     if id(bucket) not in self._launched:
                         self._launch(bucket)
-            for pending, items in self._inflight:
-                if isinstance(pending, Pending):
-                    pending.wait()
-                    for p, grad, sent, ctx in items:
-                        if sent is not grad:
-                            grad.copy_(self._reducer.compression.decompress(sent, ctx))
-                        if grad is not p.grad:  # sparse_as_dense: the optimizer (SparseAdam) wants it sparse
-                            p.grad = grad.to_sparse(p.grad.sparse_dim())
-                else:  # a sparse gradient: the reduced tensor replaces it
-                    items[0][0].grad = pending()
+            self._complete_inflight()
         finally:
             self._reset_step()
         self._synchronized = True
 
     def _reset_step(self) -> None:
+        self._finish_queued = False
         self._inflight.clear()
         self._launched.clear()
         self._held.clear()
@@ -244,6 +290,7 @@ class _DistributedOptimizer:
                 "optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                 "optimizer.synchronize(). Gradient allreduces of this step are still running and would race "
                 "with it; call step() or synchronize() first.")
+        self._reset_step()  # e.g. after a step a GradScaler skipped: the next cycle starts clean
         self._optimizer.zero_grad(set_to_none=set_to_none)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
@@ -349,7 +396,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Any
 
     named_parameters: `model.named_parameters()`, to name each gradient's allreduce (recommended;
       otherwise parameters are named by position). Names must be unique and cover every parameter.
-    compression: `Compression.none`, `.fp16` or `.bf16` for the gradients on the wire.
+    compression: `Compression.none`, `.fp16` or `.bf16` for the gradients on the wire, or
+      `Compression.powersgd(...)` (low-rank, with error feedback; a khorovod extension).
     backward_passes_per_step: backward passes accumulated locally before each allreduce.
     op: `Average`, `Sum`, or `Adasum` (the delta optimizer of `horovod.torch.adasum_optimizer`).
     gradient_predivide_factor: with Average, divide by this before the sum and by size/factor after.

@@ -31,6 +31,7 @@ import pytest
 from engines import engine_unavailable
 from leftovers import listening_addresses, wait_for_no_processes
 from multirank import REPO, child_env, hvdrun
+from netns_ssh import FAKE_SSH
 
 DETECTION_SECONDS = 3.0
 # A cut host is noticed after about DETECTION_SECONDS of silence (keepalive probes, or data left
@@ -65,19 +66,6 @@ class Hosts:
         return env
 
 
-FAKE_SSH = """\
-#!/bin/sh
-# Stand-in for ssh: skip the options, map the host to its network namespace, run the command there.
-while [ $# -gt 2 ]; do
-  case "$1" in -o|-p|-i) shift 2;; *) break;; esac
-done
-case "$1" in
-{cases}
-  *) echo "ssh: connect to host $1 port 22: No route to host" >&2; exit 255;;
-esac
-shift
-exec ip netns exec "$ns" sh -c "$1"
-"""
 
 
 _fixtures_made: list[None] = []  # a fresh name and subnet for every test's hosts

@@ -39,7 +39,8 @@ adam = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.1),
                                 named_parameters=model.named_parameters())
 hvd.broadcast_optimizer_state(adam, root_rank=0)  # no state anywhere yet
 if r == 0:
-    model[1](torch.ones(2)).sum().backward()
+    with adam.no_sync():  # a backward on the root alone: nothing to reduce with the others
+        model[1](torch.ones(2)).sum().backward()
     adam._optimizer.step()  # local state on the root only
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 hvd.broadcast_optimizer_state(adam, root_rank=0)

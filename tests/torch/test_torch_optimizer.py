@@ -438,8 +438,8 @@ def test_overlap_setting_submits_during_backward_with_the_same_results(tmp_path)
         assert result.ranks[rank]["identical"] is True, rank
     got = result.ranks[0]
     assert got["seen_on"] == [True]  # =1: submitted from the hook, while backward still ran
-    assert got["seen_off"] == [False]  # =0: nothing reached the engine before step()
-    # (and "identical" shows that =0 still reduced every gradient, at step())
+    assert got["seen_off"] == [False]  # =0: nothing reached the engine while backward ran
+    # (and "identical" shows that =0 still reduced every gradient, as backward ended)
 
 
 ONE_CYCLE_PER_STEP = r'''
@@ -471,23 +471,22 @@ steps = []
 for step in range(6):
     x, y = torch.randn(5, 6, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64)
     opt.zero_grad()
-    ((model(x) - y) ** 2).mean().backward()
-    grads = [p.grad.clone() for p in model.parameters()]
+    loss = ((model(x) - y) ** 2).mean()
+    grads = torch.autograd.grad(loss, list(model.parameters()), retain_graph=True)  # this rank's own (no hooks)
     del lone[:], executed[:]
-    opt.synchronize()
+    loss.backward()  # the step's allreduces run as backward ends
     record = {"lone": list(lone), "executed": [sorted(e) for e in executed]}
-    expected = hvd.grouped_allreduce(grads, op=hvd.Average, name="expected")  # one by one, same sums
+    expected = hvd.grouped_allreduce(list(grads), op=hvd.Average, name="expected")  # one by one, same sums
     record["averaged"] = all(torch.equal(p.grad, e) for p, e in zip(model.parameters(), expected))
-    with opt.skip_synchronize():
-        opt.step()
+    opt.step()
     steps.append(record)
 report(steps=steps, names=names)
 '''
 
 
 def test_a_steps_gradients_take_one_cycle_and_one_fused_allreduce():
-    """Where gradients are submitted at step() (no overlap), the step's allreduces go in as one
-    batch: once they are cached, every step is one lone cycle that offers them all, and they run
+    """Where gradients are submitted as backward ends (no overlap), the step's allreduces go in as
+    one batch: once they are cached, every step is one lone cycle that offers them all, and they run
     as one fused allreduce (with one in flight per gradient they would take one cycle each)."""
     result = hvdrun(ONE_CYCLE_PER_STEP, np=2, env={"HOROVOD_TORCH_OVERLAP_BACKWARD": "0"}).check()
     for rank in (0, 1):

@@ -9,6 +9,7 @@ new object to its handler. The table of handlers is replaceable (`set_handler_re
 from __future__ import annotations
 
 import copy
+import pickle
 from typing import Any, Callable
 
 import torch
@@ -17,6 +18,9 @@ from horovod.common import basics
 from horovod.common.elastic import ObjectState
 from horovod.torch.elastic.sampler import ElasticSampler
 from horovod.torch.functions import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from horovod.torch.mpi_ops import alltoall
+from horovod.torch.shard_layout import Piece
+from horovod.torch.sharded import ShardedOptimizer
 
 
 class StateHandler:
@@ -58,8 +62,53 @@ class SamplerStateHandler(StateHandler):
         self.value.reset()
 
 
+class ShardedOptimizerStateHandler(StateHandler):
+    """A `ShardedDistributedOptimizer`: each rank's block of the state, kept across membership
+    changes without a checkpoint.
+
+    A commit (`save`) keeps a copy of this rank's block and sends one to the previous rank, so
+    every block lives on two ranks. After ranks leave or join, `sync` (or, when only ranks left
+    and nothing is synced, the optimizer's next collective) cuts the parameters for the new
+    membership and every rank rebuilds its new block from the copies the members hold. State is
+    lost only when a rank and the next one both leave between two commits (a clear error says so).
+    """
+
+    def __init__(self, value: ShardedOptimizer) -> None:
+        self._exchange = False  # the first snapshot is local: a joining rank makes it alone
+        super().__init__(value)
+        self._exchange = True
+
+    def save(self) -> None:
+        self.value.ensure_layout()
+        self._own = self.value.state_pieces()
+        self._copy = _neighbour_copy(self._own) if self._exchange else []
+
+    def restore(self) -> None:
+        self.value.reshard_on_next_step(self._own + self._copy)
+
+    def sync(self) -> None:
+        self.value.reshard(self._own + self._copy)
+        self.save()
+
+    def reset(self) -> None:
+        self.value.reshard_on_next_step(self._own + self._copy)
+
+
+def _neighbour_copy(pieces: list[Piece]) -> list[Piece]:
+    """Send `pieces` to the previous member and return the next member's (alltoall of bytes)."""
+    size, rank = basics.size(), basics.rank()
+    if size == 1:
+        return []
+    payload = torch.frombuffer(bytearray(pickle.dumps(pieces)), dtype=torch.uint8)
+    splits = [0] * size
+    splits[(rank - 1) % size] = len(payload)
+    received, _ = alltoall(payload, splits, name="sharded_state.copy")
+    return pickle.loads(received.numpy().tobytes())
+
+
 _registry: list[tuple[type, Callable[[Any], StateHandler]]] = [
     (torch.nn.Module, ModelStateHandler),
+    (ShardedOptimizer, ShardedOptimizerStateHandler),  # before Optimizer: it reports the wrapped class
     (torch.optim.Optimizer, OptimizerStateHandler),
     (ElasticSampler, SamplerStateHandler),
 ]
