@@ -16,7 +16,7 @@ import sys
 from typing import Iterable, Sequence
 
 from horovod.common import logging as hvd_logging
-from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS, env_float
+from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS, env_float, scaled_timeout
 from horovod.runner import check_build, config_file, env_builder, noop_flags
 from horovod.runner.elastic import setup as elastic_setup
 from horovod.runner.elastic.driver import ElasticDriver
@@ -120,7 +120,9 @@ def plan_job(args: argparse.Namespace, command: Sequence[str]) -> JobSpec:
         command=tuple(command),
         slots=tuple(slots),
         extra_env=extra_env,
-        start_timeout=env_float(worker_view, "HOROVOD_START_TIMEOUT", 30.0),
+        # The workers compute the same default from HOROVOD_SIZE and HOROVOD_LOCAL_SIZE.
+        start_timeout=env_float(worker_view, "HOROVOD_START_TIMEOUT",
+                                scaled_timeout(args.num_proc, len({slot.hostname for slot in slots}) or 1)),
         failure_detection_seconds=env_float(worker_view, "HOROVOD_FAILURE_DETECTION_SECONDS",
                                             DEFAULT_FAILURE_DETECTION_SECONDS),
         output=OutputOptions(
