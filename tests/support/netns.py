@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,13 @@ class EmulatedHosts:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        # Whatever still runs in a host (a session sshd forked, a worker it started) ends with it.
+        for host in self.hosts:
+            for pid in ip("netns", "pids", host.namespace, check=False).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         for link in self._links:
             ip("link", "del", link, check=False)  # a veth takes its other end with it
         for host in self.hosts:
