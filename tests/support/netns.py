@@ -132,10 +132,11 @@ class EmulatedHosts:
         ip("-n", host.namespace, "link", "set", interface, "up")
         return address
 
-    def run(self, name: str, argv: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
-        """Run `argv` in host `name`'s namespace."""
-        return subprocess.run(["ip", "netns", "exec", self.host(name).namespace, *argv], capture_output=True,
-                              text=True, **kwargs)
+    def inside(self, name: str, argv: list[str]) -> list[str]:
+        """`argv` run in host `name`'s network namespace under its own host name (a UTS namespace,
+        named by the first label of `name`, as a pod is): MPI tells hosts apart by it."""
+        return ["ip", "netns", "exec", self.host(name).namespace, "unshare", "--uts", "sh", "-c",
+                'hostname "$0" && exec "$@"', name.split(".")[0], *argv]
 
     def _write_hosts_files(self) -> None:
         lines = "127.0.0.1 localhost\n" + "".join(f"{h.address} {h.name}\n" for h in self.hosts)

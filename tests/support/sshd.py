@@ -85,9 +85,7 @@ class RealSsh:
         config = self.tmp / f"sshd_config.{name}"
         config.write_text(SSHD_CONFIG.format(port=PORT, tmp=self.tmp, name=name))
         os.makedirs("/run/sshd", exist_ok=True)  # sshd's privilege separation directory
-        # Its own host name too (a UTS namespace), as a machine or a pod has: MPI tells hosts apart by it.
-        start = f"hostname {host.name} && exec {SSHD} -D -e -f {config}"
-        server = subprocess.Popen(["ip", "netns", "exec", host.namespace, "unshare", "--uts", "sh", "-c", start],
+        server = subprocess.Popen(hosts.inside(name, [str(SSHD), "-D", "-e", "-f", str(config)]),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         self._servers.append(server)
         with self.known_hosts.open("a") as known:
