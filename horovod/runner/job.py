@@ -67,6 +67,9 @@ def worker_env(
         HOROVOD_GLOO_RENDEZVOUS_PORT=str(rendezvous_port),
         HOROVOD_CONTROLLER="gloo",
         PYTHONUNBUFFERED="1",
+        # Said outright, so that no other launcher's variables the worker inherits (a torchrun or a
+        # PyTorchJob pod that runs horovodrun, an MPI job around it) can make it join elsewhere.
+        HOROVOD_BOOTSTRAP=extra.get("HOROVOD_BOOTSTRAP", "env"),
     )
     return env
 

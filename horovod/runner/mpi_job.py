@@ -36,7 +36,8 @@ class MpiRunJob(Job):
         """Run mpirun until it exits; a failure names the rank that recorded its exception, if any."""
         assert self.store is not None, "use the job as a context manager"
         env = {**os.environ, **self.spec.extra_env, "HOROVOD_GLOO_RENDEZVOUS_ADDR": self.address,
-               "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.port), SECRET_KEY_ENV: self._secret.hex()}
+               "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.port), SECRET_KEY_ENV: self._secret.hex(),
+               "HOROVOD_BOOTSTRAP": "mpi"}  # whatever other launcher's variables the ranks inherit
         env_names = tuple(sorted({*mpirun.exportable(env), SECRET_KEY_ENV}))
         returncode = mpirun.run(self.mpi_job(env_names), env, self.spec.output, self.spec.verbose)
         if returncode == 0:
