@@ -8,6 +8,7 @@ by the start timeout, and a rank the launcher reports gone is named at once.
 from __future__ import annotations
 
 import select
+import selectors
 import socket
 import time
 
@@ -38,6 +39,7 @@ class Mesh:
         self.hostname = context.topology.hostname or socket.gethostname()
         self.hosts: dict[int, str] = {self.rank: self.hostname}  # where each rank runs, for messages
         self.detection_seconds = settings.failure_detection_seconds
+        self.local_interfaces: list[netif.Interface] = []
         if self.size > 1:
             assert context.rendezvous is not None and settings.secret_key is not None
             try:
@@ -61,6 +63,11 @@ class Mesh:
             for listener in listeners:
                 listener.close()
             raise
+        # epoll, not select(): a rank of a large job holds more than select()'s 1024 descriptors.
+        incoming = selectors.DefaultSelector()
+        for listener in listeners:
+            incoming.register(listener, selectors.EVENT_READ)
+        self.local_interfaces = netif.interfaces()  # to choose which of a peer's addresses to dial first
         scope = f"transport.{round_number}"
         offered = [listener.getsockname()[:2] for listener in listeners]
         rendezvous.put(scope, str(self.rank), wire.encode((offered, self.hostname)))
@@ -78,11 +85,11 @@ class Mesh:
                         f"ranks {missing} did not connect to rank {self.rank} within the start timeout "
                         f"({start_timeout:g} s); did they all start? (raise HOROVOD_START_TIMEOUT, --start-timeout, "
                         "if start-up is slow)")
-                ready, _, _ = select.select(listeners, [], [], SETUP_POLL_SECONDS)
+                ready = incoming.select(SETUP_POLL_SECONDS)
                 if not ready:
                     _raise_if_lost(rendezvous, round_number)
                     continue
-                sock, addr = ready[0].accept()
+                sock, addr = ready[0][0].fileobj.accept()  # type: ignore[union-attr]
                 hello = self._greet(sock, key, round_number, deadline)
                 if isinstance(hello, str):
                     from horovod.common.logging import log
@@ -96,6 +103,7 @@ class Mesh:
             _raise_if_lost(rendezvous, round_number)  # a peer gave up because of a rank that is gone: name that one
             raise
         finally:
+            incoming.close()
             for listener in listeners:
                 listener.close()
         for peer in self.peers.values():
@@ -126,7 +134,7 @@ class Mesh:
         connect_timeout = max(1.0, self.detection_seconds)
         ports = {host: int(port) for host, port in offered}
         tried = []
-        for peer_host in netif.dial_order(list(ports), netif.interfaces()):
+        for peer_host in netif.dial_order(list(ports), self.local_interfaces):
             where = f"{peer_host}:{ports[peer_host]}"
             try:
                 sock = socket.create_connection((peer_host, ports[peer_host]), timeout=connect_timeout)
@@ -134,7 +142,7 @@ class Mesh:
             except socket.timeout:
                 tried.append(f"{where} did not answer within {connect_timeout:g} s")
             except OSError as exc:
-                tried.append(f"{where} refused ({exc.strerror or exc})")
+                tried.append(f"{where}: {exc.strerror or exc}")
         else:
             raise PeerFailure(peer, f"could not be reached: {'; '.join(tried)} (network down, a firewall in the "
                               "way, or did it exit? --network-interfaces names the interfaces to use)",
