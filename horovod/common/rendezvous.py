@@ -203,7 +203,7 @@ class RendezvousClient:
                 if time.monotonic() > deadline:
                     raise ConnectionError(
                         f"cannot reach the rendezvous store at {host}:{port} within {connect_timeout:g} s "
-                        f"({exc}); is horovodrun still running, can this host reach it (network, firewall), "
+                        f"(HOROVOD_START_TIMEOUT; {exc}); is horovodrun still running, can this host reach it (network, firewall), "
                         "and is HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT right?"
                     ) from None
                 time.sleep(0.05)

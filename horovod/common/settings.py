@@ -6,6 +6,7 @@ reads them, so a value cannot mean two things in two places.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -20,6 +21,25 @@ DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
 DEFAULT_FAILURE_DETECTION_SECONDS = 5.0
 DEFAULT_ELASTIC_TIMEOUT = 600.0  # Horovod's defaults for both
 DEFAULT_SPARK_START_TIMEOUT = 600.0
+#: Horovod's start and peer (Gloo) timeouts: the least a job waits, whatever its size.
+BASE_TIMEOUT_SECONDS = 30.0
+
+
+def scaled_timeout(ranks: int, hosts: int, base: float = BASE_TIMEOUT_SECONDS) -> float:
+    """The default of a timeout that grows with the job: `base` seconds, or 1 s per host plus 0.1 s
+    per rank when that is longer (from 64 hosts of 8 ranks on: 116 s). Horovod's fixed 30 s start
+    and Gloo timeouts were a known failure from about 50 hosts on: starting and importing on every
+    host, and a collective's slowest step, take longer as a job grows."""
+    return max(base, float(math.ceil(hosts + ranks / 10)))
+
+
+def job_scale(topology: "Topology", slot: LauncherSlot | None) -> tuple[int, int]:
+    """(ranks, hosts) of the job as this process knows them before it joins: our launcher's
+    HOROVOD_SIZE/LOCAL_SIZE, else what mpirun's, srun's or torchrun's variables say."""
+    size, local_size = topology.size, topology.local_size
+    if size == 1 and slot is not None:
+        size, local_size = slot.size, slot.local_size
+    return size, -(-size // max(1, local_size))
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -206,13 +226,13 @@ class Settings:
     # khorovod extension (HOROVOD_TORCH_OVERLAP_BACKWARD): DistributedOptimizer submits each bucket
     # from its hook as soon as it is ready (1), or all at step() (0). None (unset): by cores_per_rank.
     torch_overlap_backward: bool | None = None
-    start_timeout: float = 30.0
+    start_timeout: float = BASE_TIMEOUT_SECONDS  # HOROVOD_START_TIMEOUT, else scaled_timeout
     # Driver side: how long an elastic job may stay below --min-np (HOROVOD_ELASTIC_TIMEOUT), and how
     # long horovod.spark.run waits for its tasks to start (HOROVOD_SPARK_START_TIMEOUT).
     elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT
     spark_start_timeout: float = DEFAULT_SPARK_START_TIMEOUT
     # How long a peer may stay silent in the middle of a collective before we call it hung.
-    peer_timeout_seconds: float = 30.0
+    peer_timeout_seconds: float = BASE_TIMEOUT_SECONDS  # HOROVOD_GLOO_TIMEOUT_SECONDS, else scaled_timeout
     # How long a peer whose host stopped answering may go unnoticed (0: the kernel's defaults).
     failure_detection_seconds: float = DEFAULT_FAILURE_DETECTION_SECONDS
     iface: str | None = None
@@ -253,6 +273,9 @@ class Settings:
             return _flag(env, name) if env.get(name, "").strip() else None
 
         bootstrap = (env.get("HOROVOD_BOOTSTRAP") or detect_bootstrap(env)).strip().lower()
+        torch = torch_launch(env) if bootstrap == "torchrun" else None
+        slot = launcher_slot(env)
+        default_timeout = scaled_timeout(*job_scale(topology, torch.slot if torch is not None else slot))
         return cls(
             topology=topology,
             bootstrap=bootstrap,
@@ -282,16 +305,16 @@ class Settings:
             cpu_binding=_flag(env, "HOROVOD_CPU_BINDING", True),
             tf_overlap_backward=tristate("HOROVOD_TF_OVERLAP_BACKWARD"),
             torch_overlap_backward=tristate("HOROVOD_TORCH_OVERLAP_BACKWARD"),
-            start_timeout=env_float(env, "HOROVOD_START_TIMEOUT", 30.0),
+            start_timeout=env_float(env, "HOROVOD_START_TIMEOUT", default_timeout),
             elastic_timeout=env_float(env, "HOROVOD_ELASTIC_TIMEOUT", DEFAULT_ELASTIC_TIMEOUT),
             spark_start_timeout=env_float(env, "HOROVOD_SPARK_START_TIMEOUT", DEFAULT_SPARK_START_TIMEOUT),
-            peer_timeout_seconds=env_float(env, "HOROVOD_GLOO_TIMEOUT_SECONDS", 30.0),
+            peer_timeout_seconds=env_float(env, "HOROVOD_GLOO_TIMEOUT_SECONDS", default_timeout),
             failure_detection_seconds=env_float(env, "HOROVOD_FAILURE_DETECTION_SECONDS",
                                                 DEFAULT_FAILURE_DETECTION_SECONDS),
             iface=env.get("HOROVOD_GLOO_IFACE") or None,
             autotune=AutotuneSettings.from_env(env),
             slurm_tasks=_int(env, "SLURM_NTASKS", 0) if env.get("SLURM_STEP_ID") else 0,
-            launcher_slot=launcher_slot(env),
-            torch_launch=torch_launch(env) if bootstrap == "torchrun" else None,
+            launcher_slot=slot,
+            torch_launch=torch,
             launcher_sizes=() if env.get("HOROVOD_SIZE", "").strip() else launcher_sizes(env),
         )

@@ -21,7 +21,7 @@ class RaySettings:
     ssh_identity_file: str | None = None  # accepted for Horovod's signature; Ray needs no ssh
     ssh_str: str | None = None
     placement_group_timeout_s: float = 100  # how long the cluster may take to place every worker
-    nics: tuple[str, ...] | None = None  # HOROVOD_GLOO_IFACE (the first), as --network-interfaces
+    nics: tuple[str, ...] | None = None  # HOROVOD_GLOO_IFACE, as --network-interfaces
 
     def worker_env(self) -> dict[str, str]:
         """The `HOROVOD_*` variables these settings give every worker (as horovodrun's flags would)."""

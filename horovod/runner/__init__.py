@@ -95,9 +95,6 @@ def run(
                                          network_interface, network_interfaces)
     if hosts is not None and hostfile is not None:
         raise ValueError("hosts and hostfile are mutually exclusive: give one of them")
-    if use_mpi and not use_gloo:
-        raise NotImplementedError("horovod.run(use_mpi=True) is not available: functions run through our own "
-                                  "launcher, which hands back their results; run scripts with horovodrun --mpi")
 
     hargs = launch.default_args()
     hargs.hosts, hargs.hostfile = hosts, hostfile

@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 
 from horovod.common import wire
 from horovod.common.rendezvous import RendezvousClient, RendezvousServer
-from horovod.runner.network import interface_address
+from horovod.common.netif import interface_address
 
 _SCOPE = "compute"
 _DISPATCHERS = "compute.dispatchers"

@@ -112,6 +112,6 @@ def horovod_env(args: Any) -> dict[str, str]:
         env["NCCL_IB_DISABLE"] = "1"
     nics = getattr(args, "nics", None)
     if nics:
-        env["HOROVOD_GLOO_IFACE"] = nics[0]
+        env["HOROVOD_GLOO_IFACE"] = ",".join(nics)
         env["NCCL_SOCKET_IFNAME"] = ",".join(nics)
     return env

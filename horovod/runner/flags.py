@@ -89,11 +89,13 @@ def make_parser() -> argparse.ArgumentParser:
     add("--start-timeout", type=int, metavar="SECONDS",
         help="Every rank must call hvd.init() within this many seconds of the first rank that did, "
         "or the job is stopped naming the late ranks; also bounds ssh's connection to remote hosts "
-        "(exported as HOROVOD_START_TIMEOUT). Default: $HOROVOD_START_TIMEOUT, else 30.")
+        "(exported as HOROVOD_START_TIMEOUT). Default: $HOROVOD_START_TIMEOUT, else 30, or 1 s per host "
+        "plus 0.1 s per rank when that is longer.")
     add("--network-interfaces", dest="nics", action=_CommaListAction,
-        help="Comma-separated network interfaces (e.g. 'eth0,eth1') to use between hosts. The "
-        "first one carries the data (HOROVOD_GLOO_IFACE); all go to NCCL_SOCKET_IFNAME. "
-        "Default: chosen automatically.")
+        help="Comma-separated network interfaces (e.g. 'eth0,ens3') to use between hosts; each host "
+        "uses those of them it has, so hosts whose names differ can be listed together "
+        "(HOROVOD_GLOO_IFACE, NCCL_SOCKET_IFNAME). Default: each host offers all its addresses and "
+        "peers keep the first that answers, those on a shared network tried first.")
     add("--network-interface", dest="nics", action=_CommaListAction,
         help="One network interface to use; repeat the flag for several. Same effect as "
         "--network-interfaces.")
@@ -222,7 +224,8 @@ def make_parser() -> argparse.ArgumentParser:
         "with one id per local rank (HOROVOD_THREAD_AFFINITY). Default: not pinned.")
     add("--gloo-timeout-seconds", type=int, metavar="SECONDS",
         help="Seconds a rank waits for a peer during a collective before it declares the peer "
-        "lost (HOROVOD_GLOO_TIMEOUT_SECONDS). Default: 30.")
+        "lost (HOROVOD_GLOO_TIMEOUT_SECONDS). Default: 30, or 1 s per host plus 0.1 s per rank when "
+        "that is longer.")
 
     group = parser.add_argument_group("logging arguments")
     add = group.add_argument

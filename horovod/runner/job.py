@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping, Sequence
 
-from horovod.common import wire
+from horovod.common import netif, wire
 from horovod.common.rendezvous import JOINED, LOST, RendezvousServer, encode_lost
 from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS
 from horovod.runner import launchers, network
@@ -67,6 +67,9 @@ def worker_env(
         HOROVOD_GLOO_RENDEZVOUS_PORT=str(rendezvous_port),
         HOROVOD_CONTROLLER="gloo",
         PYTHONUNBUFFERED="1",
+        # Said outright, so that no other launcher's variables the worker inherits (a torchrun or a
+        # PyTorchJob pod that runs horovodrun, an MPI job around it) can make it join elsewhere.
+        HOROVOD_BOOTSTRAP=extra.get("HOROVOD_BOOTSTRAP", "env"),
     )
     return env
 
@@ -139,8 +142,12 @@ class Job:
         local = {slot.hostname: network.is_local_host(slot.hostname) for slot in self.spec.slots}
         if all(local.values()):
             return "127.0.0.1"
-        if self.spec.nics:
-            return network.interface_address(self.spec.nics[0])
+        # The first of the named interfaces this machine has; else (a launcher on a machine whose
+        # names differ) the route towards the hosts.
+        own = {interface.name: interface.address for interface in netif.interfaces()}
+        named = [own[nic] for nic in self.spec.nics if nic in own]
+        if named:
+            return named[0]
         remote = next(host for host, is_local in local.items() if not is_local)
         return network.address_towards(remote)
 
@@ -274,7 +281,8 @@ class Job:
         missing = [worker for worker in workers if worker.slot.rank not in joined]
         if not missing or now - first_join <= self.spec.start_timeout:
             return first_join, None
-        what = (f"did not join the job within the start timeout ({self.spec.start_timeout:g} s, --start-timeout) "
+        what = (f"did not join the job within the start timeout ({self.spec.start_timeout:g} s, --start-timeout "
+                f"or HOROVOD_START_TIMEOUT) "
                 "of the first rank that did (it has not called hvd.init(), or cannot reach the rendezvous store)")
         for worker in missing:
             self._lost(worker.slot, what)

@@ -16,14 +16,15 @@ import sys
 from typing import Iterable, Sequence
 
 from horovod.common import logging as hvd_logging
-from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS, env_float
+from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS, env_float, scaled_timeout
 from horovod.runner import check_build, config_file, env_builder, noop_flags
 from horovod.runner.elastic import setup as elastic_setup
 from horovod.runner.elastic.driver import ElasticDriver
 from horovod.runner.flags import ELASTIC_DESTS, make_parser
 from horovod.runner.hosts import HostInfo, get_host_assignments, parse_hostfile, parse_hosts, slurm_allocation
 from horovod.runner.job import Job, JobSpec
-from horovod.runner.launchers import OutputOptions, mpirun
+from horovod.runner.launchers import OutputOptions
+from horovod.runner.mpi_job import MpiRunJob
 from horovod.runner.report import JobResult, format_result
 
 log = logging.getLogger("horovod.runner")
@@ -71,6 +72,10 @@ def validate(args: argparse.Namespace) -> None:
                              "or --host-discovery-script")
     if getattr(args, "use_gloo", None) and getattr(args, "use_mpi", None):
         raise ValueError("choose one controller: Gloo or MPI, not both")
+    if elastic_setup.is_elastic(args) and getattr(args, "use_mpi", None):
+        # As in Horovod: an elastic job always runs with Horovod's own launcher.
+        log.warning("--mpi does not apply to an elastic job: workers come and go, which one mpirun cannot "
+                    "follow, so this elastic job runs with horovodrun's own launcher (as with --gloo)")
     if getattr(args, "use_jsrun", None):
         raise NotImplementedError("jsrun controller not available: use --gloo (the default)")
     if args.hosts and args.hostfile:
@@ -83,8 +88,13 @@ def validate(args: argparse.Namespace) -> None:
             raise ValueError(f"{name}={value} must be >= 0")
     env_builder.validate(args)
     for dest, flag in (("mpi_args", "--mpi-args"), ("binding_args", "--binding-args"), ("tcp_flag", "--tcp")):
-        if getattr(args, dest, None) and not getattr(args, "use_mpi", None):
+        if getattr(args, dest, None) and not uses_mpirun(args):
             log.warning("%s only applies to the MPI controller (--mpi); ignored with Gloo", flag)
+
+
+def uses_mpirun(args: argparse.Namespace) -> bool:
+    """Whether mpirun starts the job: --mpi, unless the job is elastic (then our launcher does)."""
+    return bool(getattr(args, "use_mpi", None)) and not elastic_setup.is_elastic(args)
 
 
 def host_list(args: argparse.Namespace) -> list[HostInfo]:
@@ -110,7 +120,9 @@ def plan_job(args: argparse.Namespace, command: Sequence[str]) -> JobSpec:
         command=tuple(command),
         slots=tuple(slots),
         extra_env=extra_env,
-        start_timeout=env_float(worker_view, "HOROVOD_START_TIMEOUT", 30.0),
+        # The workers compute the same default from HOROVOD_SIZE and HOROVOD_LOCAL_SIZE.
+        start_timeout=env_float(worker_view, "HOROVOD_START_TIMEOUT",
+                                scaled_timeout(args.num_proc, len({slot.hostname for slot in slots}) or 1)),
         failure_detection_seconds=env_float(worker_view, "HOROVOD_FAILURE_DETECTION_SECONDS",
                                             DEFAULT_FAILURE_DETECTION_SECONDS),
         output=OutputOptions(
@@ -125,7 +137,10 @@ def plan_job(args: argparse.Namespace, command: Sequence[str]) -> JobSpec:
 
 
 def make_job(args: argparse.Namespace, spec: JobSpec) -> Job:
-    """The job a command line asks for: a fixed one, or an elastic one (`horovod.runner.elastic`)."""
+    """The job a command line asks for: started by mpirun (`--mpi`), a fixed one, or an elastic one
+    (`horovod.runner.elastic`)."""
+    if uses_mpirun(args):
+        return MpiRunJob(spec, tuple(host_list(args)), args)
     if not elastic_setup.is_elastic(args):
         return Job(spec)
     job_spec, elastic = elastic_setup.elastic_job(args, spec)
@@ -145,31 +160,19 @@ def _run(args: argparse.Namespace) -> int:
         print(f"horovodrun: error: {exc}", file=sys.stderr)
         return 2
     noop_flags.warn_noop_flags(args)
-    if args.use_mpi:
-        return _run_mpi(args, spec)
     try:
         with job:
             result: JobResult = job.run()
     except FileNotFoundError as exc:
         print(f"horovodrun: error: cannot start {spec.command[0]!r}: {exc.strerror}", file=sys.stderr)
         return 127
+    except (ValueError, OSError) as exc:  # mpirun missing, or one we cannot drive
+        print(f"horovodrun: error: {exc}", file=sys.stderr)
+        return 2
     message = format_result(result)
     if message:
         print(message, file=sys.stderr, flush=True)
     return result.exit_code
-
-
-def _run_mpi(args: argparse.Namespace, spec: JobSpec) -> int:
-    """`--mpi`: the same plan, started by mpirun (its exit status; mpirun names a failed rank)."""
-    env = {**os.environ, **spec.extra_env}
-    job = mpirun.MpiJob(num_proc=args.num_proc, hosts=tuple(host_list(args)), command=spec.command,
-                        env_names=mpirun.exportable(env), mpi_args=args.mpi_args,
-                        binding_args=args.binding_args, nics=spec.nics, tcp_only=bool(args.tcp_flag))
-    try:
-        return mpirun.run(job, env)
-    except (ValueError, OSError) as exc:
-        print(f"horovodrun: error: {exc}", file=sys.stderr)
-        return 2
 
 
 def run_commandline(argv: Sequence[str] | None = None) -> None:

@@ -5,10 +5,10 @@ Kept apart from slot assignment (which is pure) because these answers come from 
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import socket
-import struct
+
+from horovod.common import netif
 
 _LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "::1"})
 
@@ -41,22 +41,9 @@ def is_local_host(hostname: str) -> bool:
     return False
 
 
-def interface_address(nic: str) -> str:
-    """The IPv4 address of a network interface (Linux), for `--network-interfaces`."""
-    siocgifaddr = 0x8915
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            packed = fcntl.ioctl(sock.fileno(), siocgifaddr, struct.pack("256s", nic[:15].encode()))
-        except OSError as exc:
-            raise ValueError(f"network interface {nic!r} has no IPv4 address ({exc})") from None
-    return socket.inet_ntoa(packed[20:24])
-
-
 def address_towards(remote_host: str) -> str:
     """The local address the OS would use to reach `remote_host` (no packet is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            sock.connect((remote_host, 9))
-            return sock.getsockname()[0]
-        except OSError:
-            return socket.gethostbyname(socket.gethostname())
+    try:
+        return netif.address_towards(remote_host)
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())

@@ -1,7 +1,7 @@
 """The worker side of `horovod.run`: fetch the function from the launcher, run it, return the result.
 
-Started by the launcher as `python -m horovod.runner.run_task`; everything it needs (the
-store's address, the job secret, its rank) comes from the environment, never from argv.
+Started by the launcher (or by mpirun) as `python -m horovod.runner.run_task`; everything it needs
+(the store's address, the job secret, its rank) comes from the environment, never from argv.
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ def main() -> int:
         print("horovod.runner.run_task is started by horovod.run(); it needs the launcher's "
               "HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT and _HOROVOD_SECRET_KEY", file=sys.stderr)
         return 2
-    rank = str(settings.topology.rank)
+    # Our launcher names the rank in HOROVOD_RANK; under mpirun (horovod.run(use_mpi=True)) MPI's own
+    # variables do.
+    slot = settings.launcher_slot if settings.bootstrap == "mpi" else None
+    rank = str(slot.rank if slot is not None else settings.topology.rank)
     client = RendezvousClient(settings.rendezvous_addr, settings.rendezvous_port, settings.secret_key,
                               connect_timeout=settings.start_timeout)
     try:

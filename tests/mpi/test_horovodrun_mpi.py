@@ -8,7 +8,9 @@ import time
 import pytest
 
 from horovod.runner.hosts import HostInfo
-from horovod.runner.launchers.mpirun import MPICH, OPEN_MPI, MpiJob, build_command, exportable, flavor
+from horovod.runner.launchers.mpirun import (INTEL_MPI, MPICH, OPEN_MPI, MpiJob, build_command, exportable, flavor,
+                                             launcher_env)
+from horovod.runner.launchers.tagged_output import split_tag
 from mpirunner import MPIRUN, REPO, run_command
 
 needs_mpirun = pytest.mark.skipif(not MPIRUN.exists(), reason="no mpirun next to python")
@@ -92,3 +94,97 @@ def test_more_ranks_than_cores_makes_open_mpi_yield():
     assert "--oversubscribe" in argv and argv[argv.index("mpi_yield_when_idle") + 1] == "1"
     one = MpiJob(num_proc=1, hosts=(HostInfo("localhost", 1),), command=("p",), env_names=())
     assert "mpi_yield_when_idle" not in build_command("mpirun", OPEN_MPI, one, as_root=False)
+
+
+def test_ssh_port_and_key_reach_every_flavour_in_its_own_spelling():
+    job = MpiJob(num_proc=2, hosts=(HostInfo("a", 1), HostInfo("b", 1)), command=("p",), env_names=(),
+                 ssh_port=2222, ssh_identity_file="/keys/id ed25519")
+    argv = build_command("mpirun", OPEN_MPI, job, as_root=False)
+    assert argv[argv.index("plm_rsh_args") + 1] == "-p 2222 -i '/keys/id ed25519'"
+    intel = build_command("mpiexec", INTEL_MPI, job, as_root=False)
+    assert intel[intel.index("-bootstrap-exec-args") + 1] == "-p 2222 -i '/keys/id ed25519'"
+    # Hydra (MPICH) has no flag for ssh's options, only a variable of mpiexec's own.
+    assert launcher_env(MPICH, job) == {"HYDRA_LAUNCHER_EXTRA_ARGS": "-p 2222 -i '/keys/id ed25519'"}
+    assert launcher_env(OPEN_MPI, job) == {} and launcher_env(MPICH, JOB) == {}
+    assert "plm_rsh_args" not in build_command("mpirun", OPEN_MPI, JOB, as_root=False)
+
+
+def test_open_mpi_starts_the_daemons_of_64_hosts_or_more_from_mpirun():
+    many = MpiJob(num_proc=64, hosts=tuple(HostInfo(f"h{i}", 1) for i in range(64)), command=("p",), env_names=())
+    argv = build_command("mpirun", OPEN_MPI, many, as_root=False)
+    assert argv[argv.index("plm_rsh_no_tree_spawn") + 1] == "true"
+    assert argv[argv.index("plm_rsh_num_concurrent") + 1] == "64"
+    assert "plm_rsh_no_tree_spawn" not in build_command("mpirun", OPEN_MPI, JOB, as_root=False)
+
+
+def test_rank_tags_of_open_mpi_and_hydra():
+    assert split_tag(b"[1,3]<stdout>: loss 0.5\n", open_mpi=True) == (3, b"loss 0.5\n")
+    assert split_tag(b"[prterun-vm-1@1,12]<stderr>: x\n", open_mpi=True) == (None, b"[prterun-vm-1@1,12]<stderr>: x\n")
+    assert split_tag(b"[12] loss\n", open_mpi=False) == (12, b"loss\n")
+    assert split_tag(b"mpirun noticed that ...\n", open_mpi=True) == (None, b"mpirun noticed that ...\n")
+
+
+@needs_mpirun
+def test_output_flags_and_verbose_are_honoured_under_mpirun(tmp_path):
+    # Horovod's documented usage: horovodrun --mpi with the output flags of the Gloo launcher.
+    script = tmp_path / "job.py"
+    script.write_text("import sys, horovod.numpy as hvd\nhvd.init()\n"
+                      "print('out of', hvd.rank(), flush=True)\nprint('err of', hvd.rank(), file=sys.stderr)\n")
+    logs = tmp_path / "logs"
+    result = run_command([sys.executable, "-m", "horovod.runner.launch", "--mpi", "-np", "2",
+                          "--output-filename", str(logs), "--prefix-output-with-timestamp", "--verbose",
+                          sys.executable, str(script)], timeout=90)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in range(2):
+        assert (logs / f"rank.{rank}" / "stdout").read_text() == f"out of {rank}\n"
+        assert (logs / f"rank.{rank}" / "stderr").read_text() == f"err of {rank}\n"
+    stamp = r"\w{3} \w{3} [ \d]\d \d\d:\d\d:\d\d \d{4}"
+    assert re.search(rf"^{stamp}\[1,1\]<stdout>: ?out of 1$", result.stdout, re.M), result.stdout
+    assert re.search(rf"^{stamp}\[1,0\]<stderr>: ?err of 0$", result.stderr, re.M), result.stderr
+    # --verbose shows the mpirun command line, as Horovod does.
+    assert re.search(r"^horovodrun: \S*mpirun .*-np 2 ", result.stderr, re.M), result.stderr
+
+
+@needs_mpirun
+def test_horovod_run_with_use_mpi_returns_every_ranks_result():
+    # Horovod's documented usage of horovod.run, with mpirun as the controller.
+    import horovod
+
+    def train(base):
+        import horovod.torch as hvd
+        import torch
+        hvd.init()
+        total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)
+        return base + hvd.rank(), hvd.size(), hvd.mpi_enabled(), total.item()
+
+    assert horovod.run(train, args=(10,), num_proc=2, use_mpi=True) == [(10, 2, True, 3.0), (11, 2, True, 3.0)]
+
+
+@needs_mpirun
+def test_horovod_run_with_use_mpi_names_the_failing_rank(monkeypatch):
+    import horovod
+
+    # Rank 0, done first, waits at shutdown for the failed peer until the peer timeout: keep it short.
+    monkeypatch.setenv("HOROVOD_GLOO_TIMEOUT_SECONDS", "5")
+
+    def fail():
+        import horovod.numpy as hvd
+        hvd.init()
+        if hvd.rank() == 1:
+            raise KeyError("missing shard")
+        return hvd.rank()
+
+    with pytest.raises(RuntimeError, match=r"(?s)rank 1 .*KeyError: 'missing shard'"):
+        horovod.run(fail, num_proc=2, use_mpi=True)
+
+
+@needs_mpirun
+def test_elastic_flags_with_mpi_run_an_elastic_job_and_say_so(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("import os, horovod.numpy as hvd\nhvd.init()\n"
+                      "print('ELASTIC', hvd.rank(), hvd.size(), os.environ.get('HOROVOD_ELASTIC'), flush=True)\n")
+    result = run_command([sys.executable, "-m", "horovod.runner.launch", "--mpi", "-np", "2", "--min-np", "2",
+                          "-H", "localhost:2", sys.executable, str(script)], timeout=90)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "--mpi does not apply to an elastic job" in result.stderr
+    assert sorted(re.findall(r"ELASTIC (\d) 2 1", result.stdout)) == ["0", "1"], result.stdout

@@ -28,3 +28,13 @@ def test_jobs_run_under_mpich(launcher):
     # One write() per report: Hydra forwards what each write() gives, so print()'s pieces interleave.
     lines = sorted(re.findall(r"RESULT (\d+ \d+ \w+ [\d.]+ \[[\d, ]*\])", result.stdout))
     assert lines == [f"{r} 3 True 6.0 [0, 1, 1, 2, 2, 2]" for r in range(3)]
+
+
+def test_output_filename_under_mpich(tmp_path):
+    # Hydra tags lines `[rank] `; the files get the same layout as with Open MPI and Gloo.
+    result = run_command([str(PYTHON), "-m", "horovod.runner.launch", "--mpi", "-np", "2", "--output-filename",
+                          str(tmp_path), "--prefix-output-with-timestamp", str(PYTHON), "-c",
+                          "import horovod.numpy as hvd; hvd.init(); print('hello from', hvd.rank())"], timeout=90)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [(tmp_path / f"rank.{r}" / "stdout").read_text() for r in range(2)] == ["hello from 0\n", "hello from 1\n"]
+    assert re.search(r"^\w{3} \w{3} [ \d]\d [\d:]{8} \d{4}\[1\] hello from 1$", result.stdout, re.M), result.stdout

@@ -93,7 +93,7 @@ def test_the_launcher_enforces_the_start_timeout_naming_the_rank_that_never_join
     assert result.returncode == 1
     summary = result.stderr[result.stderr.index("Horovod detected that one or more processes"):]
     assert "rank 1 on host localhost (local rank 1): did not join the job" in summary, summary
-    assert "start timeout (2 s, --start-timeout)" in summary
+    assert "start timeout (2 s, --start-timeout or HOROVOD_START_TIMEOUT)" in summary
     error = result.ranks[0]["error"]
     assert "hvd.init() failed on rank 0: rank 1 on host localhost did not join the job" in error, error
     # Rank 0 waited the start timeout, not its own backstop (2 s later) nor the default 30 s.

@@ -51,9 +51,9 @@ def test_no_flags_no_variables():
     (["--thread-affinity", "0,2"], {"HOROVOD_THREAD_AFFINITY": "0,2"}),
     (["--mpi-threads-disable"], {"HOROVOD_MPI_THREADS_DISABLE": "1"}),
     (["--tcp"], {"NCCL_IB_DISABLE": "1"}),
-    (["--network-interfaces", "eth0,eth1"], {"HOROVOD_GLOO_IFACE": "eth0", "NCCL_SOCKET_IFNAME": "eth0,eth1"}),
+    (["--network-interfaces", "eth0,eth1"], {"HOROVOD_GLOO_IFACE": "eth0,eth1", "NCCL_SOCKET_IFNAME": "eth0,eth1"}),
     (["--network-interface", "ib0", "--network-interface", "eth0"],
-     {"HOROVOD_GLOO_IFACE": "ib0", "NCCL_SOCKET_IFNAME": "ib0,eth0"}),
+     {"HOROVOD_GLOO_IFACE": "ib0,eth0", "NCCL_SOCKET_IFNAME": "ib0,eth0"}),
     (["--no-autotune"], {"HOROVOD_AUTOTUNE": "0"}),
 ])
 def test_flag_mapping(flags, expected):

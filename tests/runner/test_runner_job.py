@@ -39,8 +39,13 @@ def test_worker_env_layers_and_filters():
         "HOROVOD_HOSTNAME": "node7", "HOROVOD_RANK": "5", "HOROVOD_SIZE": "8",
         "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_CROSS_RANK": "2",
         "HOROVOD_CROSS_SIZE": "4", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1",
-        "HOROVOD_GLOO_RENDEZVOUS_PORT": "4242", "HOROVOD_CONTROLLER": "gloo"}
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": "4242", "HOROVOD_CONTROLLER": "gloo", "HOROVOD_BOOTSTRAP": "env"}
     assert env["PYTHONUNBUFFERED"] == "1"
+    # The launcher says which bootstrap it means, whatever the worker would otherwise infer.
+    inside_a_pod = worker_env({**base, "HOROVOD_BOOTSTRAP": "torchrun", "RANK": "1", "WORLD_SIZE": "4"}, {}, SLOT,
+                              "10.0.0.1", 4242)
+    assert inside_a_pod["HOROVOD_BOOTSTRAP"] == "env"
+    assert worker_env(base, {"HOROVOD_BOOTSTRAP": "store"}, SLOT, "10.0.0.1", 4242)["HOROVOD_BOOTSTRAP"] == "store"
 
 
 def test_return_codes():

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from horovod.runner import check_build, launch
-from horovod.runner.launch import make_parser, parse_args, validate
+from horovod.runner.launch import make_parser, parse_args, plan_job, validate
 from horovod.version import __version__
 
 pytestmark = pytest.mark.timeout(30)
@@ -205,3 +205,12 @@ def test_check_build_needs_no_np(capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"Horovod v{__version__}:") and "[X] Gloo" in out
     assert check_build.report(lambda name: name != "mpi4py").count("[ ] MPI") == 2  # no mpi4py: no MPI at all
+
+
+def test_the_start_timeout_grows_with_the_hosts_and_ranks_unless_given(monkeypatch):
+    monkeypatch.delenv("HOROVOD_START_TIMEOUT", raising=False)
+    hosts = ",".join(f"node{i}:8" for i in range(64))
+    assert plan_job(parse_args(["-np", "512", "-H", hosts, "python", "x"]), ["python", "x"]).start_timeout == 116.0
+    assert plan_job(parse_args(["-np", "2", "python", "x"]), ["python", "x"]).start_timeout == 30.0
+    given = parse_args(["-np", "512", "-H", hosts, "--start-timeout", "40", "python", "x"])
+    assert plan_job(given, ["python", "x"]).start_timeout == 40.0

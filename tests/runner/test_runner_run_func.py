@@ -75,7 +75,6 @@ def test_np_is_a_deprecated_alias():
     ({"hosts": "localhost:1", "hostfile": "hosts.txt"}, ValueError, "mutually exclusive"),
     ({"min_num_proc": 3, "max_np": 2}, ValueError, "--min-np 3 is larger than --max-np 2"),
     ({"host_discovery_script": "/nonexistent/d.sh"}, RuntimeError, "cannot run host discovery script"),
-    ({"use_mpi": True}, NotImplementedError, r"use_mpi=True\) is not available"),
     ({"use_gloo": True, "use_mpi": True}, ValueError, "not both"),
     ({"num_proc": 3, "hosts": "localhost:2"}, ValueError, r"Requested more processes \(3\)"),
 ])

@@ -245,3 +245,15 @@ def test_a_torchrun_restart_forms_the_job_again(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert sorted(p.name for p in tmp_path.glob("attempt*")) == ["attempt1.rank0", "attempt1.rank1"]
     assert (tmp_path / "attempt1.rank1").read_text() == "[2.0, 2.0]"
+
+
+def test_horovodrun_inside_a_torchrun_environment_runs_its_own_job():
+    # A PyTorchJob pod (or a torchrun worker) that runs horovodrun: its workers inherit RANK,
+    # WORLD_SIZE, MASTER_*, TORCHELASTIC_RUN_ID, even the pod's HOROVOD_BOOTSTRAP=torchrun, and must
+    # still join horovodrun's job: horovodrun names its own bootstrap.
+    pod = {"RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "10.9.9.9",
+           "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "outer", "HOROVOD_BOOTSTRAP": "torchrun"}
+    result = hvdrun("import horovod.numpy as hvd, numpy as np\nhvd.init()\n"
+                    "report(rank=hvd.rank(), size=hvd.size(), total=hvd.allreduce(np.ones(1), op=hvd.Sum)[0])\n",
+                    np=2, env=pod, timeout=60).check()
+    assert {r: (v["size"], v["total"]) for r, v in result.ranks.items()} == {0: (2, 2.0), 1: (2, 2.0)}

@@ -92,3 +92,22 @@ def test_decoding_random_bytes_never_crashes_with_anything_but_wire_error(data):
         wire.decode(data)
     except wire.WireError:
         pass
+
+
+def test_start_and_peer_timeouts_grow_with_the_job_unless_set():
+    from horovod.common.settings import scaled_timeout
+
+    assert scaled_timeout(ranks=4, hosts=2) == 30.0  # small jobs keep Horovod's 30 s
+    assert scaled_timeout(ranks=512, hosts=64) == 116.0  # 1 s per host + 0.1 s per rank
+    big = Settings.from_env({"HOROVOD_RANK": "9", "HOROVOD_SIZE": "512", "HOROVOD_LOCAL_SIZE": "8"})
+    assert (big.start_timeout, big.peer_timeout_seconds) == (116.0, 116.0)
+    pinned = Settings.from_env({"HOROVOD_RANK": "9", "HOROVOD_SIZE": "512", "HOROVOD_LOCAL_SIZE": "8",
+                                "HOROVOD_START_TIMEOUT": "45", "HOROVOD_GLOO_TIMEOUT_SECONDS": "20"})
+    assert (pinned.start_timeout, pinned.peer_timeout_seconds) == (45.0, 20.0)
+    # Before it joins, a process torchrun or mpirun started knows the job's size from their variables.
+    torch = Settings.from_env({"RANK": "3", "WORLD_SIZE": "400", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "8",
+                               "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"})
+    assert torch.start_timeout == 90.0  # 50 hosts + 40
+    mpi = Settings.from_env({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1000",
+                             "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"})
+    assert mpi.peer_timeout_seconds == 350.0  # 250 hosts + 100

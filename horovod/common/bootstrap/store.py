@@ -93,7 +93,8 @@ def _wait_for_slot(store: RendezvousClient, me: str, after: int, timeout: float,
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError(f"worker {me} found no round after round {after} that includes it "
-                               f"within {timeout:g} s")
+                               f"within {timeout:g} s (HOROVOD_START_TIMEOUT; an elastic job's is at least "
+                               "HOROVOD_ELASTIC_TIMEOUT)")
         try:
             store.get(ROUNDS, str(after + 1), remaining)  # the store answers as soon as it is published
         except TimeoutError:

@@ -5,7 +5,10 @@ mpirun starts every rank itself and ends the job when one fails, so this is not 
 the MPI flavour) and runs it. Workers find their slot from MPI (`horovod.common.bootstrap.mpi`),
 so none of our rendezvous variables travel; the `HOROVOD_*` settings and the rest of the
 launcher's environment are exported to every rank (`-x` for Open MPI, `-genvlist` for MPICH), as
-Horovod does.
+Horovod does. Every `horovodrun` flag that Horovod hands to mpirun reaches it in that MPI's own
+spelling: ssh's port and key (Open MPI's `plm_rsh_args`, MPICH's `HYDRA_LAUNCHER_EXTRA_ARGS`,
+Intel MPI's `-bootstrap-exec-args`), the interfaces, and Open MPI's settings for 64 hosts or more.
+The output flags are honoured by `tagged_output`, the same way for every flavour.
 """
 
 from __future__ import annotations
@@ -20,8 +23,13 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from horovod.runner.hosts import HostInfo
+from horovod.runner.launchers.base import OutputOptions
+from horovod.runner.launchers.tagged_output import TaggedOutput
 
 OPEN_MPI, MPICH, INTEL_MPI = "openmpi", "mpich", "intelmpi"
+#: From this many hosts on, Open MPI starts its daemons from mpirun alone and all at once (as
+#: Horovod does): its tree spawn goes through every host's own ssh setup, which large clusters lack.
+LARGE_CLUSTER_HOSTS = 64
 _EXPORTABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Variables that describe the launcher's own shell or an enclosing MPI/Slurm job, never a rank's.
 _NOT_EXPORTED = ("OMPI_", "PMI_", "PMIX_", "PRTE_", "HYDRA_", "SLURM_", "BASH_FUNC", "_")
@@ -39,6 +47,14 @@ class MpiJob:
     binding_args: str | None = None
     nics: tuple[str, ...] = ()
     tcp_only: bool = False
+    ssh_port: int | None = None
+    ssh_identity_file: str | None = None
+
+    def ssh_args(self) -> str:
+        """The options mpirun passes to ssh when it starts its daemons on other hosts."""
+        args = ([f"-p {self.ssh_port}"] if self.ssh_port else []) + \
+            ([f"-i {shlex.quote(self.ssh_identity_file)}"] if self.ssh_identity_file else [])
+        return " ".join(args)
 
 
 def find_mpirun() -> str:
@@ -92,19 +108,39 @@ def build_command(mpirun: str, kind: str, job: MpiJob, as_root: bool) -> list[st
             argv += ["--mca", "pml", "ob1", "--mca", "btl", "tcp,self"]
         if job.nics:
             argv += ["--mca", "btl_tcp_if_include", ",".join(job.nics)]
+        if job.ssh_args():
+            argv += ["--mca", "plm_rsh_args", job.ssh_args()]
+        if len(job.hosts) >= LARGE_CLUSTER_HOSTS:
+            argv += ["--mca", "plm_rsh_no_tree_spawn", "true", "--mca", "plm_rsh_num_concurrent", str(len(job.hosts))]
         for name in job.env_names:
             argv += ["-x", name]
     else:  # MPICH and Intel MPI share Hydra's flags
         argv = [mpirun, "-l", "-np", str(job.num_proc), "-hosts", hosts, *binding]
         if job.nics:
             argv += ["-iface", job.nics[0]]
+        if kind == INTEL_MPI and job.ssh_args():
+            argv += ["-bootstrap", "ssh", "-bootstrap-exec-args", job.ssh_args()]
         if job.env_names:
             argv += ["-genvlist", ",".join(job.env_names)]
     return [*argv, *(shlex.split(job.mpi_args) if job.mpi_args else []), *job.command]
 
 
-def run(job: MpiJob, env: Mapping[str, str]) -> int:
-    """Run the job through mpirun with `env`; mpirun's exit status (it reports a failed rank itself)."""
+def launcher_env(kind: str, job: MpiJob) -> dict[str, str]:
+    """Variables for mpirun itself (never exported to the ranks): MPICH's Hydra takes ssh's options
+    from HYDRA_LAUNCHER_EXTRA_ARGS, having no flag for them."""
+    return {"HYDRA_LAUNCHER_EXTRA_ARGS": job.ssh_args()} if kind == MPICH and job.ssh_args() else {}
+
+
+def run(job: MpiJob, env: Mapping[str, str], output: OutputOptions = OutputOptions(), verbose: bool = False) -> int:
+    """Run the job through mpirun with `env`, its output shown as `output` asks; mpirun's exit status
+    (it reports a failed rank itself). `verbose` prints the command line first, as Horovod does."""
     mpirun = find_mpirun()
-    argv = build_command(mpirun, detect_flavor(mpirun), job, as_root=os.geteuid() == 0)
-    return subprocess.run(argv, env=dict(env), stdin=subprocess.DEVNULL).returncode
+    kind = detect_flavor(mpirun)
+    argv = build_command(mpirun, kind, job, as_root=os.geteuid() == 0)
+    if verbose:
+        print(f"horovodrun: {shlex.join(argv)}", file=sys.stderr, flush=True)
+    proc = subprocess.Popen(argv, env={**env, **launcher_env(kind, job)}, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with TaggedOutput(kind == OPEN_MPI, job.num_proc, output) as forward:
+        forward.pump(proc.stdout, proc.stderr)  # type: ignore[arg-type]
+    return proc.wait()

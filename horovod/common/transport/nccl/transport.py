@@ -81,10 +81,11 @@ class NcclTransport(DeviceTransport):
         if code != IN_PROGRESS:
             return
         seconds = timeout or self._settings.peer_timeout_seconds
+        limit_name = "HOROVOD_START_TIMEOUT" if timeout else "HOROVOD_GLOO_TIMEOUT_SECONDS"
         limit = time.monotonic() + seconds
         while self._nccl.async_error(comm) == IN_PROGRESS:
             if time.monotonic() > limit:
-                raise TimeoutError(f"{what}: NCCL did not finish within {seconds:.0f} s; a peer may have failed")
+                raise TimeoutError(f"{what}: NCCL did not finish within {seconds:.0f} s ({limit_name}); a peer may have failed")
             time.sleep(_POLL_SECONDS)
 
     # -- collectives -----------------------------------------------------------------------

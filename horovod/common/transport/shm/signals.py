@@ -190,7 +190,7 @@ class Signals:
             if value != seen:
                 seen, since = value, time.monotonic()
             elif time.monotonic() - since > self.timeout:
-                raise self._failure(peer_rank, f"made no progress for {self.timeout:.0f} s (hung?)")
+                raise self._failure(peer_rank, f"made no progress for {self.timeout:.0f} s (hung? HOROVOD_GLOO_TIMEOUT_SECONDS sets this limit)")
 
     # -- the engine's sleepers ----------------------------------------------------------------
     def set_listening(self, on: bool, driver: bool) -> None:

@@ -8,10 +8,11 @@ by the start timeout, and a rank the launcher reports gone is named at once.
 from __future__ import annotations
 
 import select
+import selectors
 import socket
 import time
 
-from horovod.common import wire
+from horovod.common import netif, wire
 from horovod.common.rendezvous import ROUNDS, RendezvousClient
 from horovod.common.rounds import newest_round
 from horovod.common.transport.base import PeerFailure, TransportContext
@@ -38,24 +39,38 @@ class Mesh:
         self.hostname = context.topology.hostname or socket.gethostname()
         self.hosts: dict[int, str] = {self.rank: self.hostname}  # where each rank runs, for messages
         self.detection_seconds = settings.failure_detection_seconds
+        self.local_interfaces: list[netif.Interface] = []
         if self.size > 1:
             assert context.rendezvous is not None and settings.secret_key is not None
             try:
-                self._connect(context.rendezvous, settings.secret_key, context.round, context.store_host,
+                self._connect(context.rendezvous, settings.secret_key, context.round,
+                              netif.offered_addresses(context.store_host, settings.iface),
                               settings.start_timeout, settings.peer_timeout_seconds)
             except BaseException:
                 self.close()
                 raise
 
-    def _connect(self, rendezvous: RendezvousClient, key: bytes, round_number: int, rendezvous_addr: str,
+    def _connect(self, rendezvous: RendezvousClient, key: bytes, round_number: int, addresses: list[str],
                  start_timeout: float, peer_timeout: float) -> None:
         """Connect to every lower rank, accept every higher one. A rank the launcher reports gone
         fails this at once, naming it; otherwise the start timeout bounds every wait."""
-        host = _advertised_host(rendezvous_addr)
-        # Only the interface peers are told about: loopback for a one-host job.
-        listener = socket.create_server((host, 0), backlog=self.size)
+        # Listen only where peers are told to connect (`netif`): loopback for a one-host job.
+        listeners: list[socket.socket] = []
+        try:
+            for address in addresses:
+                listeners.append(socket.create_server((address, 0), backlog=self.size))
+        except OSError:
+            for listener in listeners:
+                listener.close()
+            raise
+        # epoll, not select(): a rank of a large job holds more than select()'s 1024 descriptors.
+        incoming = selectors.DefaultSelector()
+        for listener in listeners:
+            incoming.register(listener, selectors.EVENT_READ)
+        self.local_interfaces = netif.interfaces()  # to choose which of a peer's addresses to dial first
         scope = f"transport.{round_number}"
-        rendezvous.put(scope, str(self.rank), wire.encode((host, listener.getsockname()[1], self.hostname)))
+        offered = [listener.getsockname()[:2] for listener in listeners]
+        rendezvous.put(scope, str(self.rank), wire.encode((offered, self.hostname)))
         deadline = time.monotonic() + start_timeout + START_BACKSTOP_SECONDS
         try:
             for peer in range(self.rank):
@@ -63,18 +78,18 @@ class Mesh:
                 wire.handshake(sock, key, initiator=True)
                 wire.send_message(sock, ("hello", self.rank, round_number, self.hostname))
                 self._add_peer(peer, sock, peer_timeout)
-            listener.settimeout(SETUP_POLL_SECONDS)
             while len(self.peers) < self.size - 1:
                 if time.monotonic() > deadline:
                     missing = sorted(set(range(self.rank + 1, self.size)) - set(self.peers))
                     raise TimeoutError(
                         f"ranks {missing} did not connect to rank {self.rank} within the start timeout "
-                        f"({start_timeout:g} s); did they all start? (raise --start-timeout if start-up is slow)")
-                try:
-                    sock, addr = listener.accept()
-                except socket.timeout:
+                        f"({start_timeout:g} s); did they all start? (raise HOROVOD_START_TIMEOUT, --start-timeout, "
+                        "if start-up is slow)")
+                ready = incoming.select(SETUP_POLL_SECONDS)
+                if not ready:
                     _raise_if_lost(rendezvous, round_number)
                     continue
+                sock, addr = ready[0][0].fileobj.accept()  # type: ignore[union-attr]
                 hello = self._greet(sock, key, round_number, deadline)
                 if isinstance(hello, str):
                     from horovod.common.logging import log
@@ -88,7 +103,9 @@ class Mesh:
             _raise_if_lost(rendezvous, round_number)  # a peer gave up because of a rank that is gone: name that one
             raise
         finally:
-            listener.close()
+            incoming.close()
+            for listener in listeners:
+                listener.close()
         for peer in self.peers.values():
             peer.sock.settimeout(peer_timeout)
         if HANGUP & getattr(select, "POLLRDHUP", 0):
@@ -105,24 +122,31 @@ class Mesh:
             if remaining <= 0:
                 raise TimeoutError(
                     f"rank {peer} did not join within the start timeout ({start_timeout:g} s); did it start? "
-                    "Its output may say why (raise --start-timeout if start-up is slow).")
+                    "Its output may say why (raise HOROVOD_START_TIMEOUT, --start-timeout, if start-up is slow).")
             try:
                 address = rendezvous.get(scope, str(peer), min(SETUP_POLL_SECONDS, remaining))
                 break
             except TimeoutError:
                 _raise_if_lost(rendezvous, int(scope.rsplit(".", 1)[1]))
-        peer_host, port, self.hosts[peer] = wire.decode(address)
-        where = f"{peer_host}:{port}"
-        # Its listener exists before its address is published: a host that is up answers at once.
+        offered, self.hosts[peer] = wire.decode(address)
+        # Its listeners exist before its addresses are published: a host that is up answers at once.
+        # The first address that answers wins (on a network this host shares, tried first).
         connect_timeout = max(1.0, self.detection_seconds)
-        try:
-            sock = socket.create_connection((peer_host, int(port)), timeout=connect_timeout)
-        except socket.timeout:
-            raise PeerFailure(peer, f"could not be reached at {where} within {connect_timeout:g} s "
-                              "(network down, or a firewall in the way?)", self.hosts[peer]) from None
-        except OSError as exc:
-            raise PeerFailure(peer, f"refused a connection to {where} ({exc.strerror or exc}; did it exit?)",
-                              self.hosts[peer]) from None
+        ports = {host: int(port) for host, port in offered}
+        tried = []
+        for peer_host in netif.dial_order(list(ports), self.local_interfaces):
+            where = f"{peer_host}:{ports[peer_host]}"
+            try:
+                sock = socket.create_connection((peer_host, ports[peer_host]), timeout=connect_timeout)
+                break
+            except socket.timeout:
+                tried.append(f"{where} did not answer within {connect_timeout:g} s")
+            except OSError as exc:
+                tried.append(f"{where}: {exc.strerror or exc}")
+        else:
+            raise PeerFailure(peer, f"could not be reached: {'; '.join(tried)} (network down, a firewall in the "
+                              "way, or did it exit? --network-interfaces names the interfaces to use)",
+                              self.hosts[peer])
         sock.settimeout(max(1.0, deadline - time.monotonic()))  # it accepts once its own dialling is done
         _tune(sock, self.detection_seconds)
         return sock
@@ -158,18 +182,6 @@ class Mesh:
         for peer in self.peers.values():
             peer.close()
         self.peers.clear()
-
-
-def _advertised_host(rendezvous_addr: str) -> str:
-    """The address peers should use to reach us: loopback for a one-host job, else our route out."""
-    if rendezvous_addr in ("localhost", "") or rendezvous_addr.startswith("127."):
-        return "127.0.0.1"
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect((rendezvous_addr, 9))
-        return probe.getsockname()[0]
-    finally:
-        probe.close()
 
 
 def _tune(sock: socket.socket, detection_seconds: float) -> None:

@@ -69,7 +69,7 @@ class PeerConnection:
         with self._idle:
             while self._pending:
                 if not self._idle.wait(max(0.0, deadline - time.monotonic())):
-                    raise self._blame(f"accepted no data for {self.timeout:.0f} s (hung?)")
+                    raise self._blame(f"accepted no data for {self.timeout:.0f} s (hung? HOROVOD_GLOO_TIMEOUT_SECONDS sets this limit)")
         if self._error is not None:
             raise self.failure(self._error)
 
@@ -78,7 +78,7 @@ class PeerConnection:
             wire.recv_into_exact(self.sock, byte_view(view))
         except (OSError, wire.WireError) as exc:
             if isinstance(exc, socket.timeout) and exc.errno is None:  # our own timeout, not the kernel's
-                raise self._blame(f"sent nothing for {self.timeout:.0f} s (hung?)") from None
+                raise self._blame(f"sent nothing for {self.timeout:.0f} s (hung? HOROVOD_GLOO_TIMEOUT_SECONDS sets this limit)") from None
             raise self.failure(exc) from None
 
     def send_frame(self, payload: bytes) -> None:
