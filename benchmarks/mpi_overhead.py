@@ -35,12 +35,10 @@ from horovod.common.engine.driver import Driver
 from horovod.common.engine.executor import Executor
 from horovod.common.transport.mpi import MpiTransport
 
-# The parts timed back to back, outermost last: (label, class, method). A cycle is either a full
-# one (`Cycle.run`, driven by a waiting thread) or the steady state's lone one (`Cycle.run_lone`,
-# driven at submission); both count under one label.
+# The parts timed back to back, outermost last: (label, class, method). Every cycle is a
+# `Cycle.run`, run by the waiting thread (`Driver.drive_until`) or by the engine thread.
 PARTS = (("negotiation exchange", MpiTransport, "exchange"), ("MPI Allreduce", MpiTransport, "allreduce"),
-         ("executor", Executor, "execute"), ("cycle", Cycle, "run"), ("cycle", Cycle, "run_lone"),
-         ("driver", Driver, "drive_until"), ("driver", Driver, "drive_lone"))
+         ("executor", Executor, "execute"), ("cycle", Cycle, "run"), ("driver", Driver, "drive_until"))
 
 
 def timed(cls: type, method: str, label: str, spent: collections.Counter, cycles: collections.Counter) -> None:

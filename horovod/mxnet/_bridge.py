@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import mxnet as mx
 import numpy as np
 
-from horovod.common import basics, ops
+from horovod.common import ops
 from horovod.common.collective_rules import CORE_CALLS
 from horovod.common.reduce_ops import dtype_name
 
@@ -69,7 +69,5 @@ def start(kind: str, tensors: Sequence[Any], grouped: bool = False, inplace: boo
 
 
 def run(kind: str, tensors: Sequence[Any], **kwargs: Any) -> Any:
-    """Submit and wait: this thread runs the engine itself (see Engine.caller_waits)."""
-    with basics.runtime().engine.caller_waits():
-        pending = start(kind, tensors, **kwargs)
-    return pending.wait()
+    """Submit and wait: this thread runs the engine itself (see `ops.submit_waited`)."""
+    return ops.run_now(start, kind, tensors, **kwargs)

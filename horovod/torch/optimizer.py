@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from horovod.common import basics
+from horovod.common import basics, ops
 from horovod.common.gradients import GradientReducer
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Adasum, Average
@@ -168,6 +168,13 @@ class _DistributedOptimizer:
                          postscale_factor=reducer.postscale, process_set=reducer.process_set)
         self._inflight.append((pending, dense))
 
+    def _launch_unlaunched(self) -> None:
+        """Start every bucket not started yet: the held ones first, in the order backward
+        completed them."""
+        for bucket in self._held + self._buckets:
+            if id(bucket) not in self._launched:
+                self._launch(bucket)
+
     # -- the step -----------------------------------------------------------------------------------------
     def synchronize(self) -> None:
         """Finish every gradient allreduce of this step and write the results into `.grad`.
@@ -177,13 +184,9 @@ class _DistributedOptimizer:
         if not self._active or self._synchronized:
             return
         try:
-            # Submitted as one batch that this thread then runs (batch_waits: one cycle for all,
-            # fused, and the engine thread is not woken for each), held buckets first, in the
-            # order backward completed them.
-            with basics.runtime().engine.batch_waits():
-                for bucket in self._held + self._buckets:
-                    if id(bucket) not in self._launched:
-                        self._launch(bucket)
+            # Submitted as one batch that this thread then runs (`submit_waited`: one cycle for
+            # all, fused, and the engine thread is not woken for each).
+            ops.submit_waited(self._launch_unlaunched)
             for pending, items in self._inflight:
                 if isinstance(pending, Pending):
                     pending.wait()
