@@ -322,8 +322,10 @@ def submit_waited(submit: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 def run_now(submit: Callable[..., Waitable], *args: Any, **kwargs: Any) -> Any:
     """Submit with `submit(*args, **kwargs)` and wait for the result on this thread, which runs
-    the engine itself meanwhile (see `submit_waited`)."""
-    return submit_waited(submit, *args, **kwargs).wait()
+    the engine itself meanwhile (`submit_waited`, written out: every blocking op comes here)."""
+    with basics.runtime().engine.waited():
+        pending = submit(*args, **kwargs)
+    return pending.wait()
 
 
 def poll(handle: Handle) -> bool:

@@ -9,7 +9,7 @@ process sets themselves. Which thread runs a cycle, and when, is the driver's bu
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from horovod.common import wire
 from horovod.common.engine.autotune import Autotuner
@@ -161,11 +161,11 @@ class Cycle:
         flags, hits = message[0], message[1]
         members = state.members
         cache = state.cache
-        replies: list[tuple] = []
+        replies: Sequence[tuple] = ()
         if not flags and received.count(payload) == len(received):
             # Every member sent our flagless status: what `agree` would decide from it, without
             # decoding one message per peer (the steady state of training, every cycle).
-            ready, stale, slow_path, shut_down = bits(hits), [], False, []
+            ready, stale, slow_path, shut_down = bits(hits), (), False, ()
         else:
             # Our own payload comes back as the very object sent (where the transport does so):
             # its message is at hand, not decoded again.

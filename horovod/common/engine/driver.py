@@ -269,6 +269,7 @@ class Driver:
         starts a cycle, then take the lock and do it, unless a waiting caller already has."""
         while not self._finished:
             timeout = 0.0 if self._cycle_due() else self._idle_timeout()
+            last_cycle = self.cycle.last_start
             peer_started = False
             if timeout != 0:
                 peer_started = self._idle_waiter.wait(timeout)
@@ -277,15 +278,17 @@ class Driver:
                     # likely being submitted right now by a thread that will wait for it and run
                     # the cycle itself (drive_until); a cycle without it would achieve nothing and
                     # cost another. Give that thread a moment; answer the peer only if none came.
-                    last_cycle = self.cycle.last_start
                     self._drain_wakes(self._wake_r)  # a wake-up already had must not cut the moment short
                     select.select([self._wake_r], [], [], _JOIN_GRACE_SECONDS)
-                    if self.cycle.last_start != last_cycle:  # a waiting thread ran a cycle
-                        continue
             self._drain_wakes(self._wake_r)
             with self._drive:
                 if self._finished:
                     return
+                if peer_started and self.cycle.last_start != last_cycle:
+                    # A waiting thread ran cycles since the peer's message woke us (it answered
+                    # it): a message there now is the next cycle's, which that thread will most
+                    # likely answer too; answering it here would be a cycle with nothing in it.
+                    continue
                 if self._cycle_due() or (peer_started and self._driver_waiter.wait(0)):
                     self._run_cycle()
                 elif timeout is not None and not self._has_new_work():
