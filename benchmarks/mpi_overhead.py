@@ -30,7 +30,7 @@ from mpi4py import MPI
 import horovod.torch as hvd
 from horovod.benchmarks.__main__ import parse_sizes
 from horovod.common import runtime
-from op_parts import LABELS, time_parts  # benchmarks/op_parts.py, beside this script
+from op_parts import LABELS, describe, time_parts  # benchmarks/op_parts.py, beside this script
 
 def slowest_median(comm: Any, times: list[float]) -> float:
     slowest = np.array(times)
@@ -98,11 +98,8 @@ def main() -> None:
             print(f"{nbytes} bytes, {comm.size} ranks, side by side (barrier before each):")
             for name, seconds in side.items():
                 print(f"  {name:30s} {seconds * 1e6:10.1f} us  {seconds / raw:5.2f}x raw")
-            print(f"  back to back: hvd.allreduce_ {median * 1e6:.1f} us; rank 0 per op, nested: "
-                  + ", ".join(f"{label} {us:.1f} us" for label, us in per_op.items()))
-            print("  cycles per op: " + "; ".join(
-                ", ".join(f"{thread} {count / args.iters:.2f}" for thread, count in sorted(rank.items()))
-                for rank in per_rank), flush=True)
+            print(f"  back to back: hvd.allreduce_ {median * 1e6:.1f} us; " + describe(per_op, per_rank, args.iters),
+                  flush=True)
     hvd.shutdown()
 
 

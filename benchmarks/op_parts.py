@@ -60,6 +60,14 @@ def time_parts(spent: collections.Counter, cycles: collections.Counter) -> None:
         setattr(cls, method, wrapper)
 
 
+def describe(per_op: dict[str, float], per_rank: list[dict[str, int]], iters: int) -> str:
+    """The parts per op (rank 0), and the cycles per op of each thread of each rank."""
+    return ("rank 0 per op, nested: " + ", ".join(f"{label} {us:.1f} us" for label, us in per_op.items())
+            + "\n  cycles per op: " + "; ".join(
+                ", ".join(f"{thread} {count / iters:.2f}" for thread, count in sorted(rank.items()))
+                for rank in per_rank))
+
+
 def back_to_back(tensor: torch.Tensor, name: str, iters: int) -> list[float]:
     times = []
     for _ in range(iters):
@@ -102,11 +110,8 @@ def main() -> None:
         if hvd.rank() == 0:
             transport = runtime.current().transport.name
             print(f"{nbytes} bytes, {hvd.size()} ranks, {transport}: hvd.allreduce_ {plain[nbytes] * 1e6:.1f} us "
-                  f"back to back ({timed * 1e6:.1f} us with the timers); rank 0 per op, nested: "
-                  + ", ".join(f"{label} {us:.1f} us" for label, us in per_op.items()))
-            print("  cycles per op: " + "; ".join(
-                ", ".join(f"{thread} {count / args.iters:.2f}" for thread, count in sorted(rank.items()))
-                for rank in per_rank), flush=True)
+                  f"back to back ({timed * 1e6:.1f} us with the timers); " + describe(per_op, per_rank, args.iters),
+                  flush=True)
     hvd.shutdown()
 
 
