@@ -6,7 +6,7 @@
 Back-to-back in-place `hvd.allreduce_` (Sum) on a CPU tensor, as a training loop calls it, twice
 per size: first untimed inside (the op's own time, median of the slowest rank), then with timers
 wrapped around the methods of each part of the path (their own cost is in the second figure
-only). The parts nest, outermost last: the transport's negotiation exchange and its allreduce,
+only; a part's figure is its median over the ops). The parts nest, outermost last: the transport's negotiation exchange and its allreduce,
 the executor (around the allreduce), the cycle (around the exchange and the executor), the
 driver (a waiting thread running cycles, `Driver.drive_until`). What is outside the driver is
 the framework side: the torch bridge, naming and checking the op, the request, the handle. It
@@ -61,19 +61,25 @@ def time_parts(spent: collections.Counter, cycles: collections.Counter) -> None:
 
 
 def describe(per_op: dict[str, float], per_rank: list[dict[str, int]], iters: int) -> str:
-    """The parts per op (rank 0), and the cycles per op of each thread of each rank."""
+    """The parts of an op (rank 0), and the cycles per op of each thread of each rank."""
     return ("rank 0 per op, nested: " + ", ".join(f"{label} {us:.1f} us" for label, us in per_op.items())
             + "\n  cycles per op: " + "; ".join(
                 ", ".join(f"{thread} {count / iters:.2f}" for thread, count in sorted(rank.items()))
                 for rank in per_rank))
 
 
-def back_to_back(tensor: torch.Tensor, name: str, iters: int) -> list[float]:
+def back_to_back(tensor: torch.Tensor, name: str, iters: int, spent: collections.Counter | None = None,
+                 series: dict[str, list[float]] | None = None) -> list[float]:
+    """Each op's time; with `series`, each op's time in each part too (taken from `spent`)."""
     times = []
     for _ in range(iters):
         start = time.perf_counter()
         hvd.allreduce_(tensor, op=hvd.Sum, name=name)
         times.append(time.perf_counter() - start)
+        if series is not None and spent is not None:
+            for label in LABELS:
+                series[label].append(spent[label] / 1e3)
+            spent.clear()
     return times
 
 
@@ -103,9 +109,9 @@ def main() -> None:
         back_to_back(tensor, f"parts.{nbytes}", 50)
         spent.clear()
         cycles.clear()
-        times = back_to_back(tensor, f"parts.{nbytes}", args.iters)
-        per_op = {label: spent[label] / args.iters / 1e3 for label in LABELS}
-        timed = slowest_median(times)
+        series: dict[str, list[float]] = {label: [] for label in LABELS}
+        timed = slowest_median(back_to_back(tensor, f"parts.{nbytes}", args.iters, spent, series))
+        per_op = {label: statistics.median(values) for label, values in series.items()}
         per_rank = hvd.allgather_object(dict(cycles), name="op_parts.cycles")
         if hvd.rank() == 0:
             transport = runtime.current().transport.name
