@@ -61,7 +61,7 @@ class Driver:
         self._activity = transport.activity  # how a sleeper learns that a peer is talking
         self._idle_waiter = Waiter(self._activity, self._wake_r, driver=False)
         self._driver_waiter = Waiter(self._activity, self._driver_wake_r, driver=True)
-        self._stopped = threading.Event()
+        self.stopped = False  # the engine thread has ended (a plain bool: every submission reads it)
         self.fatal: HorovodInternalError | None = None
         self._dead_peer: int | None = None  # the rank whose failure ended the engine, if one did
         self._drive = threading.Lock()  # held by whichever thread runs cycles (see drive_until)
@@ -179,7 +179,7 @@ class Driver:
         try:
             self._guarded(self._loop)
         finally:
-            self._stopped.set()
+            self.stopped = True
             self.cycle.executor.device.close()
             self.transport.close()
             self._idle_waiter.close()

@@ -93,7 +93,7 @@ class Engine(Driver):
             # while idle, with no op of ours in flight to name).
             name = entries[0].name if entries else "collective"
             raise HorovodInternalError(f"{name}: {self.fatal}") from self.fatal
-        if self.shutdown.requested or self._stopped.is_set():
+        if self.shutdown.requested or self.stopped:
             raise HorovodInternalError("Horovod has been shut down on this rank; call hvd.init() again.")
         if state is None:
             raise ValueError(f"process set {set_id} is not registered (was it removed?)")
