@@ -80,11 +80,8 @@ class Entry:
 
     def __init__(self, request: Request, tensor: np.ndarray | None, output: np.ndarray | None, handle: Handle,
                  index: int = 0) -> None:
-        self.request = request
-        self.tensor = tensor
-        self.output = output
-        self.handle = handle
-        self.index = index
+        self.request, self.tensor, self.output = request, tensor, output
+        self.handle, self.index = handle, index
         self.done = False
 
     @property
