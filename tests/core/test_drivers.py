@@ -123,3 +123,36 @@ def test_a_callers_cycles_agree_with_a_peers_cycles_that_carry_other_work(transp
     # The callers ran cycles themselves (the engine thread may hold the engine at times).
     by_caller = [result.ranks[rank]["by_caller"] for rank in range(2)]
     assert by_caller[0] >= 40 and by_caller[1] > 0, by_caller
+
+
+LEFT_TO_THE_ENGINE = r'''
+import numpy as np
+import horovod.numpy as hvd
+from horovod.common import ops
+hvd.init()
+handles = []
+
+def submit_then_fail():
+    handles.append(hvd.allreduce_async(np.ones(3), op=hvd.Sum, name="left"))
+    raise RuntimeError("the caller changed its mind")
+
+try:
+    ops.submit_waited(submit_then_fail)
+except RuntimeError:
+    pass
+# A wait with a time limit only sleeps (it never runs the engine): the engine thread must have
+# taken the op over when the caller that said it would wait did not.
+result = handles[0].wait(timeout=60)
+# The blocking form, the one entry point every bridge uses, still runs on the caller's thread.
+again = ops.run_now(hvd.allreduce_async, np.full(2, 2.0), "again", hvd.Sum)
+report(result=result.tolist(), again=again.tolist())
+'''
+
+
+def test_ops_submitted_for_a_wait_that_never_comes_are_left_to_the_engine_thread():
+    """`ops.submit_waited` tells the engine not to wake its thread, as the caller will wait and
+    drive; when the caller breaks off instead, the engine thread runs what was submitted."""
+    result = hvdrun(LEFT_TO_THE_ENGINE, np=2).check()
+    for rank in range(2):
+        assert result.ranks[rank]["result"] == [2.0, 2.0, 2.0]
+        assert result.ranks[rank]["again"] == [4.0, 4.0]
