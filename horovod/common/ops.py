@@ -127,18 +127,46 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], name: str | None = No
     Pass `outputs=tensors` to reduce in place."""
     rt = basics.runtime()
     names = _group_names(prefix, name, len(tensors), rt, process_set)
-    return _allreduce_entries(rt, tensors, names, op, prescale_factor, postscale_factor, process_set,
-                              outputs, grouped=True)
+    set_id = rt.set_id(process_set)
+    if len(tensors) > 1:
+        _check_one_memory(tensors, "allreduce", names[0])
+    handle = Handle(len(tensors), True, names[0] if names else "grouped_allreduce")
+    entries = [_allreduce_entry(rt, tensor, name, None if outputs is None else outputs[i], op, prescale_factor,
+                                postscale_factor, process_set, handle, i)
+               for i, (tensor, name) in enumerate(zip(tensors, names))]
+    if entries:
+        rt.engine.enqueue(set_id, entries)
+    return handle
 
 
 def allreduce_async(tensor: np.ndarray, name: str | None = None, op: int = Average,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set, output: np.ndarray | None = None) -> Handle:
     """Reduce `tensor` across the set; result: `output` (a new array unless given; pass the
-    input itself to reduce in place)."""
+    input itself to reduce in place). The most frequent op: written out, with no helper per call
+    that it does not need."""
     rt = basics.runtime()
-    return _allreduce_entries(rt, [tensor], [_op_name("allreduce", name, rt, process_set)], op, prescale_factor,
-                              postscale_factor, process_set, None if output is None else [output], grouped=False)
+    full_name = _op_name("allreduce", name, rt, process_set)
+    set_id = rt.set_id(process_set)
+    handle = Handle(1, False, full_name)
+    rt.engine.enqueue(set_id, [_allreduce_entry(rt, tensor, full_name, output, op, prescale_factor, postscale_factor,
+                                                process_set, handle, 0)])
+    return handle
+
+
+def _allreduce_entry(rt: basics.Runtime, tensor: Buffer, name: str, output: Buffer | None, op: int, prescale: float,
+                     postscale: float, process_set: ProcessSet, handle: Handle, index: int) -> Entry:
+    """The entry of one tensor of an allreduce, once its op and output are checked."""
+    dtype = _dtype_of(tensor, "allreduce", name)
+    _check_reduce(op, dtype, "allreduce", name, rt, process_set)
+    if output is None:
+        output = _empty_like(tensor)
+    elif output is not tensor and not _same_layout(output, tensor):
+        raise ValueError(f"allreduce {name}: the output must be a contiguous array of the input's "
+                         f"shape and dtype ({tensor.shape}, {tensor.dtype})")
+    request = _request(rt, OpType.ALLREDUCE, name, tensor, dtype, reduce_op=op, prescale=float(prescale),
+                       postscale=float(postscale))
+    return Entry(request, tensor, output, handle, index)
 
 
 def _entries(rt: basics.Runtime, op_type: OpType, tensors: Sequence[np.ndarray], names: list[str], set_id: int,
@@ -159,20 +187,6 @@ def _entries(rt: basics.Runtime, op_type: OpType, tensors: Sequence[np.ndarray],
     if entries:
         rt.engine.enqueue(set_id, entries)
     return handle
-
-
-def _allreduce_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names: list[str], op: int,
-                       prescale: float, postscale: float, process_set: ProcessSet,
-                       outputs: Sequence[np.ndarray] | None, grouped: bool) -> Handle:
-    def prepare(i: int, tensor: np.ndarray, name: str, dtype: str) -> tuple[np.ndarray, dict[str, Any]]:
-        _check_reduce(op, dtype, "allreduce", name, rt, process_set)
-        output = outputs[i] if outputs is not None else _empty_like(tensor)
-        if output is not tensor and not _same_layout(output, tensor):
-            raise ValueError(f"allreduce {name}: the output must be a contiguous array of the input's "
-                             f"shape and dtype ({tensor.shape}, {tensor.dtype})")
-        return output, {"reduce_op": op, "prescale": float(prescale), "postscale": float(postscale)}
-
-    return _entries(rt, OpType.ALLREDUCE, tensors, names, rt.set_id(process_set), grouped, prepare)
 
 
 def grouped_allgather_async(tensors: Sequence[np.ndarray], name: str | None = None,
