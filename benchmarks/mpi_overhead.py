@@ -10,7 +10,8 @@ everything here is taken in one job, in turns, iteration by iteration:
   `hvd.allreduce_(op=Sum)`;
 - back to back, as a training step calls it: `hvd.allreduce_` with its time split into the parts
   of the engine (timers wrapped around the public methods of the transport, executor, cycle and
-  driver), and how many negotiation cycles each op took, on which thread.
+  driver, as `benchmarks/op_parts.py` does on any transport), and how many negotiation cycles
+  each op took, on which thread.
 Times are the slowest rank's, medians over the iterations (the split: means per op, rank 0).
 """
 
@@ -19,7 +20,6 @@ from __future__ import annotations
 import argparse
 import collections
 import statistics
-import threading
 import time
 from typing import Any, Callable
 
@@ -30,35 +30,7 @@ from mpi4py import MPI
 import horovod.torch as hvd
 from horovod.benchmarks.__main__ import parse_sizes
 from horovod.common import runtime
-from horovod.common.engine.cycle import Cycle
-from horovod.common.engine.driver import Driver
-from horovod.common.engine.executor import Executor
-from horovod.common.transport.mpi import MpiTransport
-
-# The parts timed back to back, outermost last: (label, class, method). A cycle is either a full
-# one (`Cycle.run`, driven by a waiting thread) or the steady state's lone one (`Cycle.run_lone`,
-# driven at submission); both count under one label.
-PARTS = (("negotiation exchange", MpiTransport, "exchange"), ("MPI Allreduce", MpiTransport, "allreduce"),
-         ("executor", Executor, "execute"), ("cycle", Cycle, "run"), ("cycle", Cycle, "run_lone"),
-         ("driver", Driver, "drive_until"), ("driver", Driver, "drive_lone"))
-
-
-def timed(cls: type, method: str, label: str, spent: collections.Counter, cycles: collections.Counter) -> None:
-    """Wrap `cls.method` so that each call adds its nanoseconds to `spent[label]` (and, for the
-    cycle, counts the calls per thread)."""
-    inner = getattr(cls, method)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        if cls is Cycle:
-            cycles[threading.current_thread().name] += 1
-        start = time.perf_counter_ns()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            spent[label] += time.perf_counter_ns() - start
-
-    setattr(cls, method, wrapper)
-
+from op_parts import LABELS, describe, time_parts  # benchmarks/op_parts.py, beside this script
 
 def slowest_median(comm: Any, times: list[float]) -> float:
     slowest = np.array(times)
@@ -103,7 +75,7 @@ def back_to_back(comm: Any, nbytes: int, iters: int, spent: collections.Counter,
         start = time.perf_counter()
         hvd.allreduce_(tensor, op=hvd.Sum, name=f"b2b.{nbytes}")
         times.append(time.perf_counter() - start)
-    per_op = {label: spent[label] / iters / 1e3 for label in dict.fromkeys(label for label, _, _ in PARTS)}
+    per_op = {label: spent[label] / iters / 1e3 for label in LABELS}
     return slowest_median(comm, times), per_op, comm.allgather(dict(cycles))
 
 
@@ -115,9 +87,8 @@ def main() -> None:
     torch.set_num_threads(1)
     spent: collections.Counter = collections.Counter()
     cycles: collections.Counter = collections.Counter()
-    for label, cls, method in PARTS:
-        timed(cls, method, label, spent, cycles)
     hvd.init()
+    time_parts(spent, cycles)
     comm = MPI.COMM_WORLD.Dup()
     for nbytes in parse_sizes(args.sizes):
         side = side_by_side(comm, nbytes, args.iters)
@@ -127,11 +98,8 @@ def main() -> None:
             print(f"{nbytes} bytes, {comm.size} ranks, side by side (barrier before each):")
             for name, seconds in side.items():
                 print(f"  {name:30s} {seconds * 1e6:10.1f} us  {seconds / raw:5.2f}x raw")
-            print(f"  back to back: hvd.allreduce_ {median * 1e6:.1f} us; rank 0 per op, nested: "
-                  + ", ".join(f"{label} {us:.1f} us" for label, us in per_op.items()))
-            print("  cycles per op: " + "; ".join(
-                ", ".join(f"{thread} {count / args.iters:.2f}" for thread, count in sorted(rank.items()))
-                for rank in per_rank), flush=True)
+            print(f"  back to back: hvd.allreduce_ {median * 1e6:.1f} us; " + describe(per_op, per_rank, args.iters),
+                  flush=True)
     hvd.shutdown()
 
 

@@ -1,14 +1,16 @@
 """The framework-neutral collective API: enqueue buffers, get a `Handle` back.
 
 Every framework adapter turns its tensors into buffers that share memory with them (no copy):
-numpy arrays for host memory, `DeviceBuffer`s for GPU memory. It calls these functions and
-wraps the handle. Argument errors that one rank can see on its own raise `ValueError` here, on
-the calling rank, before anything is sent.
+numpy arrays for host memory, `DeviceBuffer`s for GPU memory. It checks them once (dtype,
+contiguity; `check_host_array` for the numpy API), calls these functions and wraps the handle;
+nothing below checks a buffer again. Argument errors about the call itself (process set,
+reduction op, root, splits) raise `ValueError` here, once, on the calling rank, before anything
+is sent.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -21,6 +23,15 @@ from horovod.common.exceptions import HorovodInternalError
 from horovod.common.partition import block_size
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Adasum, Average, Sum, check_reducible, dtype_name
+
+
+T = TypeVar("T")
+
+
+class Waitable(Protocol):
+    """A submitted collective: a `Handle`, or a bridge's wrapper of one."""
+
+    def wait(self) -> Any: ...
 
 
 def _op_name(prefix: str, name: str | None, rt: basics.Runtime, process_set: ProcessSet) -> str:
@@ -37,18 +48,23 @@ def _group_names(prefix: str, name: str | None, count: int, rt: basics.Runtime,
 _KINDS = {op_type: op_type.name.lower() for op_type in OpType}
 
 
-def _check_array(array: object, op: str, name: str) -> str:
-    """Refuse what the core cannot move; returns the array's dtype name (for its Request)."""
-    if isinstance(array, DeviceBuffer):
-        return array.dtype  # its bridge validated it
+def check_host_array(array: object, op: str, name: str) -> None:
+    """The numpy API's check of a caller's array (a framework's bridge checks its own tensors):
+    ValueError unless the core can move it in place."""
     if not isinstance(array, np.ndarray):
         raise ValueError(f"{op} {name}: expected a numpy array, got {type(array).__name__}")
     if not array.flags.c_contiguous:
         raise ValueError(f"{op} {name}: the tensor is not contiguous; pass a contiguous copy "
                          "(numpy.ascontiguousarray / tensor.contiguous())")
+
+
+def _dtype_of(array: Buffer, op: str, name: str) -> str:
+    """The dtype name of a buffer its bridge has checked (for its Request)."""
+    if isinstance(array, DeviceBuffer):
+        return array.dtype
     try:
         return dtype_name(array.dtype)
-    except ValueError as exc:
+    except ValueError as exc:  # a caller that did not check: say which op
         raise ValueError(f"{op} {name}: {exc}") from None
 
 
@@ -111,22 +127,50 @@ def grouped_allreduce_async(tensors: Sequence[np.ndarray], name: str | None = No
     Pass `outputs=tensors` to reduce in place."""
     rt = basics.runtime()
     names = _group_names(prefix, name, len(tensors), rt, process_set)
-    return _allreduce_entries(rt, tensors, names, op, prescale_factor, postscale_factor, process_set,
-                              outputs, grouped=True)
+    set_id = rt.set_id(process_set)
+    if len(tensors) > 1:
+        _check_one_memory(tensors, "allreduce", names[0])
+    handle = Handle(len(tensors), True, names[0] if names else "grouped_allreduce")
+    entries = [_allreduce_entry(rt, tensor, name, None if outputs is None else outputs[i], op, prescale_factor,
+                                postscale_factor, process_set, handle, i)
+               for i, (tensor, name) in enumerate(zip(tensors, names))]
+    if entries:
+        rt.engine.enqueue(set_id, entries)
+    return handle
 
 
 def allreduce_async(tensor: np.ndarray, name: str | None = None, op: int = Average,
                     prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                     process_set: ProcessSet = global_process_set, output: np.ndarray | None = None) -> Handle:
     """Reduce `tensor` across the set; result: `output` (a new array unless given; pass the
-    input itself to reduce in place)."""
+    input itself to reduce in place). The most frequent op: written out, with no helper per call
+    that it does not need."""
     rt = basics.runtime()
-    return _allreduce_entries(rt, [tensor], [_op_name("allreduce", name, rt, process_set)], op, prescale_factor,
-                              postscale_factor, process_set, None if output is None else [output], grouped=False)
+    full_name = _op_name("allreduce", name, rt, process_set)
+    set_id = rt.set_id(process_set)
+    handle = Handle(1, False, full_name)
+    rt.engine.enqueue(set_id, [_allreduce_entry(rt, tensor, full_name, output, op, prescale_factor, postscale_factor,
+                                                process_set, handle, 0)])
+    return handle
 
 
-def _entries(rt: basics.Runtime, op_type: OpType, tensors: Sequence[np.ndarray], names: list[str],
-             process_set: ProcessSet, grouped: bool,
+def _allreduce_entry(rt: basics.Runtime, tensor: Buffer, name: str, output: Buffer | None, op: int, prescale: float,
+                     postscale: float, process_set: ProcessSet, handle: Handle, index: int) -> Entry:
+    """The entry of one tensor of an allreduce, once its op and output are checked."""
+    dtype = _dtype_of(tensor, "allreduce", name)
+    _check_reduce(op, dtype, "allreduce", name, rt, process_set)
+    if output is None:
+        output = _empty_like(tensor)
+    elif output is not tensor and not _same_layout(output, tensor):
+        raise ValueError(f"allreduce {name}: the output must be a contiguous array of the input's "
+                         f"shape and dtype ({tensor.shape}, {tensor.dtype})")
+    request = _request(rt, OpType.ALLREDUCE, name, tensor, dtype, reduce_op=op, prescale=float(prescale),
+                       postscale=float(postscale))
+    return Entry(request, tensor, output, handle, index)
+
+
+def _entries(rt: basics.Runtime, op_type: OpType, tensors: Sequence[np.ndarray], names: list[str], set_id: int,
+             grouped: bool,
              prepare: Callable[[int, np.ndarray, str, str], tuple[np.ndarray | None, dict[str, Any]]]) -> Handle:
     """Submit one entry per tensor, all completing one handle. `prepare(i, tensor, name, dtype)`
     makes the checks particular to the op and returns the output array (None: the engine
@@ -137,26 +181,12 @@ def _entries(rt: basics.Runtime, op_type: OpType, tensors: Sequence[np.ndarray],
     handle = Handle(len(tensors), grouped, names[0] if names else f"grouped_{kind}")
     entries = []
     for i, (tensor, name) in enumerate(zip(tensors, names)):
-        dtype = _check_array(tensor, kind, name)
+        dtype = _dtype_of(tensor, kind, name)
         output, fields = prepare(i, tensor, name, dtype)
         entries.append(Entry(_request(rt, op_type, name, tensor, dtype, **fields), tensor, output, handle, i))
     if entries:
-        rt.submit(process_set, entries)
+        rt.engine.enqueue(set_id, entries)
     return handle
-
-
-def _allreduce_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names: list[str], op: int,
-                       prescale: float, postscale: float, process_set: ProcessSet,
-                       outputs: Sequence[np.ndarray] | None, grouped: bool) -> Handle:
-    def prepare(i: int, tensor: np.ndarray, name: str, dtype: str) -> tuple[np.ndarray, dict[str, Any]]:
-        _check_reduce(op, dtype, "allreduce", name, rt, process_set)
-        output = outputs[i] if outputs is not None else _empty_like(tensor)
-        if output is not tensor and not _same_layout(output, tensor):
-            raise ValueError(f"allreduce {name}: the output must be a contiguous array of the input's "
-                             f"shape and dtype ({tensor.shape}, {tensor.dtype})")
-        return output, {"reduce_op": op, "prescale": float(prescale), "postscale": float(postscale)}
-
-    return _entries(rt, OpType.ALLREDUCE, tensors, names, process_set, grouped, prepare)
 
 
 def grouped_allgather_async(tensors: Sequence[np.ndarray], name: str | None = None,
@@ -180,7 +210,7 @@ def _allgather_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names:
             raise ValueError(f"allgather {name}: cannot gather a rank-zero tensor; reshape it to [1]")
         return None, {}
 
-    return _entries(rt, OpType.ALLGATHER, tensors, names, process_set, grouped, prepare)
+    return _entries(rt, OpType.ALLGATHER, tensors, names, rt.set_id(process_set), grouped, prepare)
 
 
 def broadcast_async(tensor: np.ndarray, root_rank: int, name: str | None = None,
@@ -189,14 +219,14 @@ def broadcast_async(tensor: np.ndarray, root_rank: int, name: str | None = None,
     to broadcast in place)."""
     rt = basics.runtime()
     full_name = _op_name("broadcast", name, rt, process_set)
-    dtype = _check_array(tensor, "broadcast", full_name)
-    process_set.require_registered()
+    set_id = rt.set_id(process_set)
+    dtype = _dtype_of(tensor, "broadcast", full_name)
     if root_rank not in process_set.ranks:
         raise ValueError(f"broadcast {full_name}: root_rank {root_rank} is not a member of {process_set}")
     output = _empty_like(tensor) if output is None else output
     handle = Handle(1, False, full_name)
     request = _request(rt, OpType.BROADCAST, full_name, tensor, dtype, root_rank=int(root_rank))
-    rt.submit(process_set, [Entry(request, tensor, output, handle)])
+    rt.engine.enqueue(set_id, [Entry(request, tensor, output, handle)])
     return handle
 
 
@@ -205,8 +235,8 @@ def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None
     """Send splits[j] rows to member j; result: (received rows, received splits as int32)."""
     rt = basics.runtime()
     full_name = _op_name("alltoall", name, rt, process_set)
-    dtype = _check_array(tensor, "alltoall", full_name)
-    process_set.require_registered()
+    set_id = rt.set_id(process_set)
+    dtype = _dtype_of(tensor, "alltoall", full_name)
     n = len(process_set.ranks)
     if tensor.ndim == 0:
         raise ValueError(f"alltoall {full_name}: cannot scatter a rank-zero tensor; reshape it to [1]")
@@ -227,7 +257,7 @@ def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None
                              f"dim 0 ({tensor.shape[0]})")
     handle = Handle(1, False, full_name)
     request = _request(rt, OpType.ALLTOALL, full_name, tensor, dtype, splits=tuple(split_list))
-    rt.submit(process_set, [Entry(request, tensor, None, handle)])
+    rt.engine.enqueue(set_id, [Entry(request, tensor, None, handle)])
     return handle
 
 
@@ -261,9 +291,9 @@ def check_reducescatter_op(op: int, name: str) -> None:
 
 def _reducescatter_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], names: list[str], op: int,
                            prescale: float, postscale: float, process_set: ProcessSet, grouped: bool) -> Handle:
-    process_set.require_registered()
+    set_id = rt.set_id(process_set)
     n = len(process_set.ranks)
-    me = process_set.ranks.index(rt.settings.topology.rank) if rt.settings.topology.rank in process_set.ranks else 0
+    me = process_set.ranks.index(rt.settings.topology.rank)
 
     def prepare(i: int, tensor: np.ndarray, name: str, dtype: str) -> tuple[np.ndarray, dict[str, Any]]:
         check_reducescatter_op(op, name)
@@ -274,7 +304,7 @@ def _reducescatter_entries(rt: basics.Runtime, tensors: Sequence[np.ndarray], na
         output = _empty_like(tensor, (rows,) + tuple(tensor.shape[1:]))
         return output, {"reduce_op": op, "prescale": float(prescale), "postscale": float(postscale)}
 
-    return _entries(rt, OpType.REDUCESCATTER, tensors, names, process_set, grouped, prepare)
+    return _entries(rt, OpType.REDUCESCATTER, tensors, names, set_id, grouped, prepare)
 
 
 def join_async(process_set: ProcessSet = global_process_set) -> Handle:
@@ -282,23 +312,34 @@ def join_async(process_set: ProcessSet = global_process_set) -> Handle:
     Result: the global rank that joined last (the same on every rank)."""
     rt = basics.runtime()
     handle = Handle(1, False, "join.noname")
-    rt.submit(process_set, [Entry(_request(rt, OpType.JOIN, "join.noname", None), None, None, handle)])
+    rt.engine.enqueue(rt.set_id(process_set), [Entry(_request(rt, OpType.JOIN, "join.noname", None), None, None,
+                                                     handle)])
     return handle
 
 
 def barrier_async(process_set: ProcessSet = global_process_set) -> Handle:
     rt = basics.runtime()
     handle = Handle(1, False, "barrier.noname")
-    rt.submit(process_set, [Entry(_request(rt, OpType.BARRIER, "barrier.noname", None), None, None, handle)])
+    rt.engine.enqueue(rt.set_id(process_set), [Entry(_request(rt, OpType.BARRIER, "barrier.noname", None), None,
+                                                     None, handle)])
     return handle
 
 
-def run_now(submit: Callable[[], Handle]) -> Any:
-    """Submit with `submit()` and wait for the result on this thread, which runs the engine
-    itself meanwhile (the blocking form of every collective; see Engine.caller_waits)."""
-    with basics.runtime().engine.caller_waits():
-        handle = submit()
-    return handle.wait()
+def submit_waited(submit: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`submit(*args, **kwargs)`, which submits ops that this thread waits for right after (the
+    blocking form of a collective, an optimizer's gradients). The one way a caller tells the
+    engine so: the engine thread is not woken for them, and the first wait runs their cycle on
+    this thread (`Engine.waited`). Returns what `submit` returned."""
+    with basics.runtime().engine.waited():
+        return submit(*args, **kwargs)
+
+
+def run_now(submit: Callable[..., Waitable], *args: Any, **kwargs: Any) -> Any:
+    """Submit with `submit(*args, **kwargs)` and wait for the result on this thread, which runs
+    the engine itself meanwhile (`submit_waited`, written out: every blocking op comes here)."""
+    with basics.runtime().engine.waited():
+        pending = submit(*args, **kwargs)
+    return pending.wait()
 
 
 def poll(handle: Handle) -> bool:

@@ -62,14 +62,19 @@ class Runtime:
                 f"{self.device} (where its first GPU tensor was); keep every tensor of a rank on one device, "
                 "e.g. torch.cuda.set_device(hvd.local_rank()) before creating them")
 
-    def submit(self, process_set: ProcessSet, entries: list[Entry]) -> None:
+    def set_id(self, process_set: ProcessSet) -> int:
+        """The id under which this rank submits to `process_set`: ValueError unless the set is
+        registered and this rank is one of its members (checked once per call, here)."""
+        set_id = process_set.process_set_id
+        if set_id == 0:  # the global set: every rank is a member
+            return 0
         process_set.require_registered()
-        if process_set.process_set_id and self.settings.topology.rank not in process_set.ranks:  # 0: every rank
+        if self.settings.topology.rank not in process_set.ranks:
             raise ValueError(
                 f"rank {self.settings.topology.rank} is not a member of {process_set}; only its members "
                 "may submit collectives on it"
             )
-        self.engine.enqueue(process_set.process_set_id, entries)
+        return set_id  # type: ignore[return-value]
 
     def negotiate(self, op_type: OpType, name: str, shape: tuple[int, ...], root: int) -> Any:
         """Agree with every rank on a change to the process sets; the engine's answer."""

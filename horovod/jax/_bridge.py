@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
-from horovod.common import basics, ops
+from horovod.common import ops
 from horovod.common.collective_rules import CORE_CALLS
 from horovod.common.device.buffers import Buffer, DeviceBuffer
 from horovod.common.device.cuda_runtime import runtime as cuda_runtime
@@ -109,12 +109,10 @@ def flat_results(kind: str, result: Any, grouped: bool) -> list[np.ndarray]:
 
 def host_collective(kind: str, grouped: bool, **kwargs: Any) -> Host:
     """The host function running collective `kind` on numpy arrays: submit, then wait with this
-    thread running the engine (see Engine.caller_waits)."""
+    thread running the engine (see `ops.submit_waited`)."""
 
     def run(arrays: list[Buffer]) -> list[Any]:
-        with basics.runtime().engine.caller_waits():
-            handle = submit(kind, arrays, grouped, **kwargs)
-        return flat_results(kind, handle.wait(), grouped)
+        return flat_results(kind, ops.run_now(submit, kind, arrays, grouped, **kwargs), grouped)
 
     return run
 

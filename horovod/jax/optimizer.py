@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from horovod.common import basics
+from horovod.common import ops
 from horovod.common.device.buffers import Buffer
 from horovod.common.gradients import GradientReducer, Plan
 from horovod.common.process_sets import ProcessSet, global_process_set
@@ -31,9 +31,7 @@ __all__ = ["DistributedOptimizer", "allreduce_gradients"]
 
 def _transport(reducer: GradientReducer, tensors: list[Any], plan: Plan) -> list[Any]:
     def reduce_arrays(arrays: list[Buffer]) -> list[Buffer]:
-        with basics.runtime().engine.batch_waits():
-            wait = reducer.submit(arrays, plan)
-        return wait()
+        return ops.submit_waited(reducer.submit, arrays, plan)()
 
     return call(reduce_arrays, tensors, lambda: [jax.ShapeDtypeStruct(t.shape, t.dtype) for t in tensors])
 

@@ -14,7 +14,7 @@ import mxnet as mx
 import numpy as np
 from mxnet.base import MXNetError
 
-from horovod.common import basics, ops
+from horovod.common import ops
 from horovod.common.collective_rules import CORE_CALLS
 from horovod.common.reduce_ops import dtype_name
 
@@ -81,7 +81,5 @@ def start(kind: str, tensors: Sequence[Any], grouped: bool = False, inplace: boo
 
 
 def run(kind: str, tensors: Sequence[Any], **kwargs: Any) -> Any:
-    """Submit and wait: this thread runs the engine itself (see Engine.caller_waits)."""
-    with basics.runtime().engine.caller_waits():
-        pending = start(kind, tensors, **kwargs)
-    return pending.wait()
+    """Submit and wait: this thread runs the engine itself (see `ops.submit_waited`)."""
+    return ops.run_now(start, kind, tensors, **kwargs)

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import mxnet as mx
 
-from horovod.common import basics
+from horovod.common import ops
 from horovod.common.gradients import GradientReducer, Plan
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Average
@@ -24,8 +24,7 @@ __all__ = ["DistributedOptimizer", "DistributedTrainer"]
 
 def _transport(reducer: GradientReducer, tensors: list[Any], plan: Plan) -> list[Any]:
     arrays = [host_array(t, f"gradient {name}") for t, name in zip(tensors, plan.names)]
-    with basics.runtime().engine.batch_waits():
-        wait = reducer.submit(arrays, plan)
+    wait = ops.submit_waited(reducer.submit, arrays, plan)
     return [to_ndarray(a, t) for a, t in zip(wait(), tensors)]
 
 

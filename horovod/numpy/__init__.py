@@ -18,23 +18,8 @@ import numpy as np
 
 from horovod.common import *  # noqa: F401,F403  (basics, constants, process sets)
 from horovod.common import __all__ as _common_all
-from horovod.common.ops import (
-    allgather_async,
-    allgather_object,
-    allreduce_async,
-    alltoall_async,
-    barrier_async,
-    broadcast_async,
-    broadcast_object,
-    grouped_allgather_async,
-    grouped_allreduce_async,
-    grouped_reducescatter_async,
-    join_async,
-    poll,
-    reducescatter_async,
-    run_now,
-    synchronize,
-)
+from horovod.common import ops
+from horovod.common.ops import allgather_object, barrier_async, broadcast_object, join_async, poll, run_now, synchronize
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Average
 
@@ -44,6 +29,65 @@ def _contiguous(tensor: np.ndarray) -> np.ndarray:
     return np.asarray(tensor, order="C")
 
 
+def _checked(arrays: Sequence[np.ndarray], kind: str, name: str | None) -> Sequence[np.ndarray]:
+    """`arrays`, once each is known to be one the core can move in place (this API's one check)."""
+    for array in arrays:
+        ops.check_host_array(array, kind, name or "")
+    return arrays
+
+
+# The handle-returning forms: the core's own, behind the check.
+def allreduce_async(tensor: np.ndarray, name: str | None = None, op: int = Average, prescale_factor: float = 1.0,
+                    postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
+                    output: np.ndarray | None = None) -> ops.Handle:
+    _checked([tensor], "allreduce", name)
+    return ops.allreduce_async(tensor, name, op, prescale_factor, postscale_factor, process_set, output)
+
+
+def grouped_allreduce_async(tensors: Sequence[np.ndarray], name: str | None = None, op: int = Average,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> ops.Handle:
+    return ops.grouped_allreduce_async(_checked(tensors, "grouped_allreduce", name), name, op, prescale_factor,
+                                       postscale_factor, process_set)
+
+
+def allgather_async(tensor: np.ndarray, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> ops.Handle:
+    _checked([tensor], "allgather", name)
+    return ops.allgather_async(tensor, name, process_set)
+
+
+def grouped_allgather_async(tensors: Sequence[np.ndarray], name: str | None = None,
+                            process_set: ProcessSet = global_process_set) -> ops.Handle:
+    return ops.grouped_allgather_async(_checked(tensors, "grouped_allgather", name), name, process_set)
+
+
+def broadcast_async(tensor: np.ndarray, root_rank: int, name: str | None = None,
+                    process_set: ProcessSet = global_process_set) -> ops.Handle:
+    _checked([tensor], "broadcast", name)
+    return ops.broadcast_async(tensor, root_rank, name, process_set)
+
+
+def alltoall_async(tensor: np.ndarray, splits: Sequence[int] | np.ndarray | None = None, name: str | None = None,
+                   process_set: ProcessSet = global_process_set) -> ops.Handle:
+    _checked([tensor], "alltoall", name)
+    return ops.alltoall_async(tensor, splits, name, process_set)
+
+
+def reducescatter_async(tensor: np.ndarray, name: str | None = None, op: int = Average, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> ops.Handle:
+    _checked([tensor], "reducescatter", name)
+    return ops.reducescatter_async(tensor, name, op, prescale_factor, postscale_factor, process_set)
+
+
+def grouped_reducescatter_async(tensors: Sequence[np.ndarray], name: str | None = None, op: int = Average,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                                process_set: ProcessSet = global_process_set) -> ops.Handle:
+    return ops.grouped_reducescatter_async(_checked(tensors, "grouped_reducescatter", name), name, op,
+                                           prescale_factor, postscale_factor, process_set)
+
+
+# The blocking forms take anything array-like (copied to a contiguous array only if needed).
 def allreduce(tensor: np.ndarray, name: str | None = None, op: int = Average, prescale_factor: float = 1.0,
               postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> np.ndarray:
     """Reduced copy of `tensor` (Average by default; integer averages truncate toward zero)."""

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch.autograd.graph import increment_version
 
-from horovod.common import basics, ops
+from horovod.common import ops
 from horovod.common.collective_rules import CORE_CALLS
 from horovod.common.device.buffers import Buffer, DeviceBuffer
 from horovod.common.process_sets import ProcessSet
@@ -138,10 +138,8 @@ def start(kind: str, tensors: Sequence[torch.Tensor], grouped: bool = False, inp
 
 
 def run(kind: str, tensors: Sequence[torch.Tensor], **kwargs: Any) -> Any:
-    """Submit and wait: this thread runs the engine itself (see Engine.caller_waits)."""
-    with basics.runtime().engine.caller_waits():
-        pending = start(kind, tensors, **kwargs)
-    return pending.wait()
+    """Submit and wait: this thread runs the engine itself (see `ops.submit_waited`)."""
+    return ops.run_now(start, kind, tensors, **kwargs)
 
 
 def members(process_set: ProcessSet) -> list[int]:

@@ -49,7 +49,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from horovod.common import basics
+from horovod.common import basics, ops
 from horovod.common.gradients import GradientReducer
 from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod.common.reduce_ops import Adasum, Average
@@ -193,9 +193,7 @@ class _DistributedOptimizer:
         the same steps. Buckets not complete yet (more passes to come, parameters this pass did
         not reach) are left for later passes or `step()`."""
         self._finish_queued = False
-        with basics.runtime().engine.batch_waits():
-            for bucket in self._held:
-                self._launch(bucket)
+        ops.submit_waited(self._launch_held)
         self._held.clear()
         self._complete_inflight()
 
@@ -223,6 +221,18 @@ class _DistributedOptimizer:
         finally:
             self._no_sync -= 1
 
+    def _launch_held(self) -> None:
+        """Start the buckets backward completed while overlap is off, in that order."""
+        for bucket in self._held:
+            self._launch(bucket)
+
+    def _launch_unlaunched(self) -> None:
+        """Start every bucket not started yet: the held ones first, in the order backward
+        completed them."""
+        for bucket in self._held + self._buckets:
+            if id(bucket) not in self._launched:
+                self._launch(bucket)
+
     # -- the step -----------------------------------------------------------------------------------------
     def synchronize(self) -> None:
         """Finish every gradient allreduce of this step and write the results into `.grad`.
@@ -232,13 +242,9 @@ class _DistributedOptimizer:
         if not self._active or self._synchronized:
             return
         try:
-            # Submitted as one batch that this thread then runs (batch_waits: one cycle for all,
-            # fused, and the engine thread is not woken for each), held buckets first, in the
-            # order backward completed them.
-            with basics.runtime().engine.batch_waits():
-                for bucket in self._held + self._buckets:
-                    if id(bucket) not in self._launched:
-                        self._launch(bucket)
+            # Submitted as one batch that this thread then runs (`submit_waited`: one cycle for
+            # all, fused, and the engine thread is not woken for each).
+            ops.submit_waited(self._launch_unlaunched)
             self._complete_inflight()
         finally:
             self._reset_step()

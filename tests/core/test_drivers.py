@@ -79,18 +79,20 @@ def test_late_peer_every_time():
         assert result.ranks[rank]["values"] == [float(1 + 2 * i) for i in range(40)]
 
 
-LONE_CYCLES = r'''
+CALLER_CYCLES = r'''
+import threading
 import numpy as np
 import horovod.numpy as hvd
 from horovod.common.engine.cycle import Cycle
 
-# Count the steady state's lone cycles (the call itself runs unchanged).
-lone = []
-run_lone = Cycle.run_lone
-def counted(self, state, hit_bits):
-    lone.append(hit_bits)
-    return run_lone(self, state, hit_bits)
-Cycle.run_lone = counted
+# Count the cycles that the calling thread ran itself (the call itself runs unchanged).
+by_caller = []
+run = Cycle.run
+def counted(self):
+    if threading.current_thread() is threading.main_thread():
+        by_caller.append(1)
+    return run(self)
+Cycle.run = counted
 
 hvd.init()
 r, n = hvd.rank(), hvd.size()
@@ -100,25 +102,57 @@ for i in range(ROUNDS):
     x = np.full(5, float(r + i))
     if r == 1 and i % 2:
         # Rank 1 has "y" in flight when it submits "x": its cycle is a full one, with two ready
-        # bits, while rank 0 offers "x" alone in a lone cycle; both must run "x", then "y".
+        # bits, while rank 0 offers "x" alone; both must run "x", then "y".
         handle = hvd.allreduce_async(np.full(3, float(r)), op=hvd.Sum, name="y")
         exact &= bool(np.all(hvd.allreduce(x, op=hvd.Sum, name="x") == sum(range(n)) + n * i))
         exact &= bool(np.all(hvd.synchronize(handle) == sum(range(n))))
     else:
         exact &= bool(np.all(hvd.allreduce(x, op=hvd.Sum, name="x") == sum(range(n)) + n * i))
         exact &= bool(np.all(hvd.allreduce(np.full(3, float(r)), op=hvd.Sum, name="y") == sum(range(n))))
-report(exact=exact, lone=len(lone))
+report(exact=exact, by_caller=len(by_caller))
 '''
 
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
-def test_lone_cycles_of_the_steady_state_agree_with_full_ones(transport):
-    """A synchronous op that is its rank's only work and a cache hit runs its cycle at once, on
-    its caller's thread; a peer that has other work in flight runs a full cycle meanwhile. Both
-    sides must take the same decision from the same messages, every round."""
-    result = hvdrun(LONE_CYCLES, np=2, env={"HOROVOD_CPU_OPERATIONS": transport}).check()
+def test_a_callers_cycles_agree_with_a_peers_cycles_that_carry_other_work(transport):
+    """A synchronous op runs its cycle on its caller's thread, offering that op alone; a peer
+    that has another op in flight offers both meanwhile. Both sides must take the same decision
+    from the same messages, every round."""
+    result = hvdrun(CALLER_CYCLES, np=2, env={"HOROVOD_CPU_OPERATIONS": transport}).check()
     assert result.ranks[0]["exact"] is True and result.ranks[1]["exact"] is True
-    # Once both names are cached, rank 0 runs its ops in lone cycles (all of them on an idle
-    # machine; the engine thread may hold the engine at times), rank 1 only some of its own.
-    lone = [result.ranks[rank]["lone"] for rank in range(2)]
-    assert lone[0] >= 40 and 0 < lone[1] < lone[0], lone
+    # The callers ran cycles themselves (the engine thread may hold the engine at times).
+    by_caller = [result.ranks[rank]["by_caller"] for rank in range(2)]
+    assert by_caller[0] >= 40 and by_caller[1] > 0, by_caller
+
+
+LEFT_TO_THE_ENGINE = r'''
+import numpy as np
+import horovod.numpy as hvd
+from horovod.common import ops
+hvd.init()
+handles = []
+
+def submit_then_fail():
+    handles.append(hvd.allreduce_async(np.ones(3), op=hvd.Sum, name="left"))
+    raise RuntimeError("the caller changed its mind")
+
+try:
+    ops.submit_waited(submit_then_fail)
+except RuntimeError:
+    pass
+# A wait with a time limit only sleeps (it never runs the engine): the engine thread must have
+# taken the op over when the caller that said it would wait did not.
+result = handles[0].wait(timeout=60)
+# The blocking form, the one entry point every bridge uses, still runs on the caller's thread.
+again = ops.run_now(hvd.allreduce_async, np.full(2, 2.0), "again", hvd.Sum)
+report(result=result.tolist(), again=again.tolist())
+'''
+
+
+def test_ops_submitted_for_a_wait_that_never_comes_are_left_to_the_engine_thread():
+    """`ops.submit_waited` tells the engine not to wake its thread, as the caller will wait and
+    drive; when the caller breaks off instead, the engine thread runs what was submitted."""
+    result = hvdrun(LEFT_TO_THE_ENGINE, np=2).check()
+    for rank in range(2):
+        assert result.ranks[rank]["result"] == [2.0, 2.0, 2.0]
+        assert result.ranks[rank]["again"] == [4.0, 4.0]

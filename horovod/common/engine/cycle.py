@@ -9,7 +9,7 @@ process sets themselves. Which thread runs a cycle, and when, is the driver's bu
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from horovod.common import wire
 from horovod.common.engine.autotune import Autotuner
@@ -56,6 +56,7 @@ class Cycle:
         # Stalled cache hits go to the coordinator after this long (None: stall checks are off).
         self._stall_limit = None if settings.stall_check_disable else settings.stall_check_time_seconds
         self.last_start = 0.0
+        self._mine: list[SetState] = []  # see _order_sets
         self._plain_statuses: dict[int, bytes] = {}  # see _PLAIN_STATUSES_KEPT
         self.executing: list[Entry | None] = []  # failed too if the engine dies mid-operation
         # The knobs in force (autotune changes them at a cycle's end, on every rank at once).
@@ -66,6 +67,11 @@ class Cycle:
     def register_set(self, set_id: int, members: tuple[int, ...]) -> None:
         self.sets[set_id] = SetState.for_members(set_id, members, self.rank, self.settings.cache_capacity,
                                                  self.timeline)
+        self._order_sets()
+
+    def _order_sets(self) -> None:
+        """The sets this rank is a member of, in id order: what every cycle walks."""
+        self._mine = [state for _, state in sorted(self.sets.items()) if self.rank in state.members]
 
     def run(self) -> bool:
         """Run one lockstep cycle over every set this rank is in; False once the job shuts down."""
@@ -73,9 +79,9 @@ class Cycle:
         if self.timeline is not None and self.timeline.active and self.timeline.mark_cycles:
             self.timeline.mark_cycle_start()
         force, self.forced = self.forced, False
-        for set_id in sorted(self.sets):
-            state = self.sets.get(set_id)
-            if state is None or self.rank not in state.members:
+        sets = self.sets
+        for state in self._mine:
+            if sets.get(state.set_id) is not state:  # removed earlier in this cycle
                 continue
             fatal = self._negotiate_and_run(state, force)
             if fatal:
@@ -84,7 +90,7 @@ class Cycle:
         if self.autotuner is not None and self.autotuner.sample_closed():
             self._sync_tunables()
         shutdown = self.shutdown
-        if self.rank in shutdown.ranks:  # our flag went out in this cycle's exchange
+        if shutdown.requested and self.rank in shutdown.ranks:  # our flag went out in this cycle's exchange
             shutdown.announced = True
             if not shutdown.wait_for_peers or len(shutdown.ranks) == self.transport.size:
                 return False
@@ -93,23 +99,26 @@ class Cycle:
     def _negotiate_and_run(self, state: SetState, force: bool) -> str:
         """One set's share of the cycle; returns a fatal error message ('' when all is well)."""
         now = time.monotonic()
-        with state.lock:
-            new, state.new = state.new, []
+        unsent = state.unsent
         join_request = None
-        for entry in new:
-            if entry.request.op_type == OpType.JOIN:
-                join_request = entry.request
-                state.joined = True
-                state.waiting[entry.name] = entry
-            else:
-                state.unsent[entry.name] = (entry, now)
+        if state.new:
+            with state.lock:
+                new, state.new = state.new, []
+            for entry in new:
+                request = entry.request
+                if request.op_type == OpType.JOIN:
+                    join_request = request
+                    state.joined = True
+                    state.waiting[request.name] = entry
+                else:
+                    unsent[request.name] = (entry, now)
         cache = state.cache
         stall_limit = self._stall_limit
         hits = invalid = 0
         misses: list[Entry] = []
         hit_bits: dict[str, int] = {}
         use_cache = cache.enabled and self.tunables.cache_enabled
-        for name, (entry, since) in list(state.unsent.items()):
+        for name, (entry, since) in unsent.items():
             status, bit = ("miss", -1)
             if use_cache and entry.request.op_type in CACHEABLE:
                 status, bit = cache.lookup(entry.request)
@@ -129,69 +138,6 @@ class Cycle:
         payload = self._payload(message)
         received = self.transport.exchange(state.members, payload)
         return self._conclude(state, message, payload, received, misses, hit_bits, join_request)
-
-    def lone_hits(self, state: SetState) -> dict[str, int] | None:
-        """The cache bits of the ops just submitted (by name) when this cycle is a training loop's
-        steady state, which `run_lone` runs with the least work: the set is the only one (the
-        driver checks), its only work is those ops, all found in the cache, and nothing is
-        flagged. None when it is not: run a full cycle."""
-        if (self.forced or self.autotuner is not None or self.shutdown.requested or self.shutdown.ranks
-                or state.joined or state.unsent or state.waiting or not state.new
-                or (self.timeline is not None and self.timeline.active)):
-            return None
-        cache = state.cache
-        if not (cache.enabled and self.tunables.cache_enabled):
-            return None
-        hit_bits: dict[str, int] = {}
-        for entry in state.new:
-            request = entry.request
-            if request.op_type not in CACHEABLE:
-                return None
-            status, bit = cache.lookup(request)
-            if status != "hit":
-                return None
-            hit_bits[request.name] = bit
-        if self._stall_limit is not None and self.blocked.waits(state.set_id, time.monotonic()):
-            return None
-        return hit_bits
-
-    def run_lone(self, state: SetState, hit_bits: dict[str, int]) -> None:
-        """The cycle `lone_hits` found: the messages of `run`, so peers cannot tell, and what the
-        replies decide is `run`'s own code."""
-        with state.lock:
-            if len(state.new) != len(hit_bits):  # another thread submitted meanwhile: not lone after all
-                return
-            entries, state.new = state.new, []
-        now = self.last_start = time.monotonic()
-        unsent = state.unsent
-        hits = 0
-        for entry in entries:
-            unsent[entry.request.name] = (entry, now)  # pending where a failed exchange finds it
-        for bit in hit_bits.values():
-            hits |= 1 << bit
-        message = (0, hits, 0, [])
-        payload = self._payload(message)
-        received = self.transport.exchange(state.members, payload)
-        if received.count(payload) == len(received):
-            # Every member has these ops, and only them, ready (what `_conclude` would find, as
-            # nobody has left: `lone_hits`): run them, fused as `_conclude` would.
-            waiting = state.waiting
-            for entry in entries:
-                name = entry.request.name
-                del unsent[name]
-                waiting[name] = entry
-            cache = state.cache
-            if len(entries) == 1:  # a lone op fuses with nothing: the common case, without the plan
-                (only,) = hit_bits.values()
-                self._execute(state, cache.response_for_bit(only))
-                return
-            responses = [cache.response_for_bit(b) for b in bits(hits)]
-            for response in plan_fusion(responses, self.tunables.fusion_threshold):
-                self._execute(state, response)
-            return
-        fatal = self._conclude(state, message, payload, received, [], hit_bits, None)
-        if fatal:
-            self._on_fatal(fatal)
 
     def _payload(self, message: tuple[int, int, int, list[str]]) -> bytes:
         """The status message on the wire; a flagless one (the steady state: only ready bits, no
@@ -215,11 +161,11 @@ class Cycle:
         flags, hits = message[0], message[1]
         members = state.members
         cache = state.cache
-        replies: list[tuple] = []
+        replies: Sequence[tuple] = ()
         if not flags and received.count(payload) == len(received):
             # Every member sent our flagless status: what `agree` would decide from it, without
             # decoding one message per peer (the steady state of training, every cycle).
-            ready, stale, slow_path, shut_down = bits(hits), [], False, []
+            ready, stale, slow_path, shut_down = bits(hits), (), False, ()
         else:
             # Our own payload comes back as the very object sent (where the transport does so):
             # its message is at hand, not decoded again.
@@ -241,11 +187,12 @@ class Cycle:
                     misses.append(state.unsent[name][0])
                     del hit_bits[name]
         responses: list[Response] = []
+        unsent, waiting = state.unsent, state.waiting
         for bit in ready:
             response = cache.response_for_bit(bit)
             name = response.names[0]
             if name in hit_bits:
-                state.waiting[name] = state.unsent.pop(name)[0]
+                waiting[name] = unsent.pop(name)[0]
             responses.append(response)
         fatal = ""
         if slow_path:
@@ -268,7 +215,7 @@ class Cycle:
             self._fail_deadlock(state, {m: reply[3] for m, reply in zip(members, replies)})
             return ""
         tuner = self.autotuner if state.set_id == 0 else None
-        for response in plan_fusion(responses, self.tunables.fusion_threshold):
+        for response in (responses if len(responses) < 2 else plan_fusion(responses, self.tunables.fusion_threshold)):
             self._execute(state, response)
             if tuner is not None:
                 tuner.record(response)
@@ -353,6 +300,7 @@ class Cycle:
         else:
             set_id = response.root_rank
             removed = self.sets.pop(set_id, None)
+            self._order_sets()
             if removed is not None:
                 for entry in removed.take_pending():
                     entry.finish(error=HorovodInternalError(

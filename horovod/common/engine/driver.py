@@ -1,9 +1,8 @@
 """Who runs the engine's cycles, when, and what happens when one fails.
 
 Either the engine thread (overlapped work, cycles a peer starts) or a framework thread that
-would otherwise only wait for its handle (`drive_until`), or that has just submitted the
-steady state's lone op (`drive_lone`); the drive lock lets exactly one of them run cycles at a
-time. Each has its own wake-up pipe. Between cycles the driver sleeps on the transport's
+would otherwise only wait for its handle (`drive_until`); the drive lock lets exactly one of
+them run cycles at a time, and both run the same `Cycle.run`. Each has its own wake-up pipe. Between cycles the driver sleeps on the transport's
 `PeerActivity`, re-examines pending work for stalls, and hands the job over at shutdown. A
 failure in a cycle fails every pending op with its cause and ends the engine.
 """
@@ -14,6 +13,7 @@ import os
 import select
 import threading
 import time
+from threading import get_ident
 from typing import TYPE_CHECKING, Callable
 
 from horovod.common.engine.blocking import BlockedWaits
@@ -61,7 +61,7 @@ class Driver:
         self._activity = transport.activity  # how a sleeper learns that a peer is talking
         self._idle_waiter = Waiter(self._activity, self._wake_r, driver=False)
         self._driver_waiter = Waiter(self._activity, self._driver_wake_r, driver=True)
-        self._stopped = threading.Event()
+        self.stopped = False  # the engine thread has ended (a plain bool: every submission reads it)
         self.fatal: HorovodInternalError | None = None
         self._dead_peer: int | None = None  # the rank whose failure ended the engine, if one did
         self._drive = threading.Lock()  # held by whichever thread runs cycles (see drive_until)
@@ -77,7 +77,7 @@ class Driver:
         mid-operation (the fault tests also watch it to kill a rank mid-operation)."""
         return self.cycle.executing
 
-    def _wake(self, driver: bool = False) -> None:
+    def wake(self, driver: bool = False) -> None:
         try:
             os.write(self._driver_wake_w if driver else self._wake_w, b"\0")
         except (BlockingIOError, OSError):
@@ -93,7 +93,7 @@ class Driver:
         """
         self.shutdown.wait_for_peers = wait_for_peers
         self.shutdown.requested = True
-        self._wake()
+        self.wake()
         if not wait_for_peers:
             self._thread.join(5.0)
             if self._thread.is_alive():
@@ -112,55 +112,32 @@ class Driver:
         gone = self.shutdown.ranks - {self.rank}
         return gone | {self._dead_peer} if self._dead_peer is not None else gone
 
-    def block(self, handle: Handle) -> None:
-        self.blocked.block(handle)
-
-    def unblock(self, handle: Handle) -> None:
-        self.blocked.unblock(handle)
-
     # -- who runs the engine: its own thread, or a framework thread that would only wait -----
     def drive_until(self, handle: Handle) -> None:
-        """Run the engine on the calling thread until `handle` completes.
+        """Wait for `handle`, running the engine's cycles on the calling thread meanwhile.
 
         A thread blocked on a small collective would sit idle while the engine thread is woken
         to do the work and then wakes it back: two thread hand-offs and a GIL contest that cost
         more than the op itself. So a waiting thread runs the cycles itself; the engine thread
         only works while no framework thread waits (overlap with compute, peer-initiated cycles).
+        Where another thread drives (another waiting thread, or the engine thread in a cycle),
+        this one just waits for the handle. Queueing for the drive lock instead would deadlock:
+        a driver only leaves once its own op is done, which may need ops that threads queued
+        behind it have yet to submit, on this rank or another.
         """
-        if self._finished or threading.current_thread() is self._thread:
+        if not self._finished and get_ident() != self._thread.ident and self._drive.acquire(blocking=False):
+            try:
+                self._activity.set_caller_driving(True)
+                self._guarded(self._drive_loop, handle)
+            finally:
+                self._hand_back()
+        if handle.poll():
             return
-        # Someone else drives (another waiting thread, or the engine thread in a cycle): then just
-        # wait for the handle. Queueing for the lock instead would deadlock: a driver only leaves
-        # once its own op is done, which may need ops that threads queued behind it have yet to
-        # submit, on this rank or another.
-        if not self._drive.acquire(blocking=False):
-            return
-        if self._finished or handle.poll():
-            self._drive.release()
-            return
+        self.blocked.block(handle)
         try:
-            self._activity.set_caller_driving(True)
-            self._guarded(self._drive_loop, handle)
+            handle.block_until_done(None)
         finally:
-            self._hand_back()
-
-    def drive_lone(self, state: SetState) -> bool:
-        """Run the cycle of the ops just submitted, on their caller's thread, when they are this
-        rank's only work and the steady state's (`Cycle.lone_hits`): before their caller even
-        waits, without the wait's machinery. True when the cycle ran (the ops are done, or left
-        pending like any other); False when it did not, and nothing was sent."""
-        if self._finished or len(self.sets) != 1 or not self._drive.acquire(blocking=False):
-            return False
-        hit_bits = self.cycle.lone_hits(state)
-        if hit_bits is None:
-            self._drive.release()
-            return False
-        try:
-            self._activity.set_caller_driving(True)
-            self._guarded(self.cycle.run_lone, state, hit_bits)
-        finally:
-            self._hand_back()
-        return True
+            self.blocked.unblock(handle)
 
     def _hand_back(self) -> None:
         """A caller stops driving: the engine thread takes over what is left, if anything is.
@@ -173,25 +150,36 @@ class Driver:
             peer_waiting = self._activity.set_caller_driving(False)
         finally:
             self._drive.release()
-        if self._finished or self._has_new_work() or (peer_waiting and self._idle_timeout() is not None):
-            self._wake()
+        if self._finished or (peer_waiting and self._idle_timeout() is not None) or self._has_new_work():
+            self.wake()
 
     def _drive_loop(self, handle: Handle) -> None:
-        while not handle.poll() and not self._finished:
-            if self._cycle_due() or self._driver_waiter.wait(0):
-                self._run_cycle()
-                continue
-            timeout = self._idle_timeout()
-            self._driver_waiter.wait(_TICK_SECONDS if timeout is None else min(timeout, _TICK_SECONDS))
-            self._drain_wakes(self._driver_wake_r)
-            if not self._has_new_work():
-                self._check_stalls()
+        """Cycles until `handle` completes: at once while there is work, else after sleeping
+        until a peer starts one. The thread counts as blocked (deadlock detection) only from
+        its first sleep on: an op that completes in the cycles at hand costs no bookkeeping."""
+        blocked = False
+        try:
+            while not handle.poll() and not self._finished:
+                if self._cycle_due() or self._driver_waiter.wait(0):
+                    self._run_cycle()
+                    continue
+                if not blocked:
+                    self.blocked.block(handle)
+                    blocked = True
+                timeout = self._idle_timeout()
+                self._driver_waiter.wait(_TICK_SECONDS if timeout is None else min(timeout, _TICK_SECONDS))
+                self._drain_wakes(self._driver_wake_r)
+                if not self._has_new_work():
+                    self._check_stalls()
+        finally:
+            if blocked:
+                self.blocked.unblock(handle)
 
     def _run(self) -> None:
         try:
             self._guarded(self._loop)
         finally:
-            self._stopped.set()
+            self.stopped = True
             self.cycle.executor.device.close()
             self.transport.close()
             self._idle_waiter.close()
@@ -281,6 +269,7 @@ class Driver:
         starts a cycle, then take the lock and do it, unless a waiting caller already has."""
         while not self._finished:
             timeout = 0.0 if self._cycle_due() else self._idle_timeout()
+            last_cycle = self.cycle.last_start
             peer_started = False
             if timeout != 0:
                 peer_started = self._idle_waiter.wait(timeout)
@@ -289,15 +278,17 @@ class Driver:
                     # likely being submitted right now by a thread that will wait for it and run
                     # the cycle itself (drive_until); a cycle without it would achieve nothing and
                     # cost another. Give that thread a moment; answer the peer only if none came.
-                    last_cycle = self.cycle.last_start
                     self._drain_wakes(self._wake_r)  # a wake-up already had must not cut the moment short
                     select.select([self._wake_r], [], [], _JOIN_GRACE_SECONDS)
-                    if self.cycle.last_start != last_cycle:  # a waiting thread ran a cycle
-                        continue
             self._drain_wakes(self._wake_r)
             with self._drive:
                 if self._finished:
                     return
+                if peer_started and self.cycle.last_start != last_cycle:
+                    # A waiting thread ran cycles since the peer's message woke us (it answered
+                    # it): a message there now is the next cycle's, which that thread will most
+                    # likely answer too; answering it here would be a cycle with nothing in it.
+                    continue
                 if self._cycle_due() or (peer_started and self._driver_waiter.wait(0)):
                     self._run_cycle()
                 elif timeout is not None and not self._has_new_work():

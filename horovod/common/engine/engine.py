@@ -12,11 +12,10 @@ this rank belongs to, in id order, a cycle does:
    ready, checked for consistency.
 3. Execute: every member fuses and runs the same responses in the same order.
 
-Who runs the cycles: the engine thread, or a framework thread that waits for a handle (see
-`drive_until`); a lock lets exactly one of them drive at a time. Work overlapped with compute is
-the engine thread's; a synchronous op runs on its caller's thread, without thread hand-offs. In
-a training loop's steady state (the op is the rank's only work and a cache hit) the submitting
-thread runs the op's cycle at once, with the least bookkeeping (`drive_lone`).
+One route for every op: submit (`enqueue`) -> negotiate -> execute -> complete the handle. Who
+runs the cycles is the engine's decision: a framework thread that waits for a handle runs them
+itself (`Driver.drive_until`) when no other thread does, else the engine thread does. A caller
+that will wait right after submitting says so (`waited`), so the engine thread is not woken.
 
 A transport failure (dead or hung peer) fails every pending op with the peer named and stops
 the engine; `shutdown()` on any rank stops every rank's engine after the current cycle.
@@ -40,63 +39,43 @@ from horovod.common.settings import Settings
 from horovod.common.transport.base import Transport
 
 if TYPE_CHECKING:
-    from horovod.common.engine.state import SetState
     from horovod.common.timeline import Timeline
 
 
-class _Submission(threading.local):
-    """Per thread: whether the caller of the submission under way waits for it at once, one call
-    (`caller_waits`) or a batch of them (`batch_waits`, which takes precedence). Each has a
-    context manager of its own, because `contextlib`'s generator costs a microsecond per op."""
+class _Waited(threading.local):
+    """Per thread: how deep it is in `Engine.waited` (submissions whose caller waits at once)."""
 
-    waits = False
-    batch = False
-    state: SetState | None = None  # the set a batch went to (its last submission's)
+    depth = 0
 
 
-class _CallerWaits:
-    """`Engine.caller_waits`: the one call submitted inside is waited for at once."""
+class _WaitedSubmissions:
+    """`Engine.waited`: a plain class, because `contextlib`'s generator costs a microsecond per op."""
 
-    __slots__ = ("_submission",)
+    __slots__ = ("_engine", "_waited")
 
-    def __init__(self, submission: _Submission) -> None:
-        self._submission = submission
+    def __init__(self, engine: Engine, waited: _Waited) -> None:
+        self._engine, self._waited = engine, waited
 
     def __enter__(self) -> None:
-        self._submission.waits = True
+        self._waited.depth += 1
 
-    def __exit__(self, *exc: object) -> None:
-        self._submission.waits = False
-
-
-class _BatchWaits:
-    """`Engine.batch_waits`: every call submitted inside is waited for together, right after."""
-
-    __slots__ = ("_engine", "_submission")
-
-    def __init__(self, engine: Engine, submission: _Submission) -> None:
-        self._engine, self._submission = engine, submission
-
-    def __enter__(self) -> None:
-        self._submission.batch = True
-
-    def __exit__(self, *exc: object) -> None:
-        submission = self._submission
-        state, submission.state = submission.state, None
-        submission.batch = False
-        if state is not None:
-            self._engine.end_batch(state, failed=exc[0] is not None)
+    def __exit__(self, kind: type | None, *exc: object) -> None:
+        waited = self._waited
+        waited.depth -= 1
+        if kind is not None and not waited.depth:
+            # The caller will not wait after all: what it submitted is the engine thread's.
+            self._engine.wake()
 
 
 class Engine(Driver):
     """The engine as the collective API sees it: submit entries, then wait on their handles
-    (`Handle.wait` drives the engine; see `Driver.drive_until`)."""
+    (`Handle.wait` runs the engine on the waiting thread where it can; see `Driver.drive_until`)."""
 
     def __init__(self, settings: Settings, transport: Transport, sets: dict[int, tuple[int, ...]],
                  timeline: Timeline | None) -> None:
         super().__init__(settings, transport, timeline if transport.rank == 0 else None)
-        submission = self._submission = _Submission()
-        self._caller_waits, self._batch_waits = _CallerWaits(submission), _BatchWaits(self, submission)
+        self._waited = _Waited()
+        self._waited_submissions = _WaitedSubmissions(self, self._waited)
         for set_id, members in sets.items():
             self.register_set(set_id, members)
 
@@ -114,7 +93,7 @@ class Engine(Driver):
             # while idle, with no op of ours in flight to name).
             name = entries[0].name if entries else "collective"
             raise HorovodInternalError(f"{name}: {self.fatal}") from self.fatal
-        if self.shutdown.requested or self._stopped.is_set():
+        if self.shutdown.requested or self.stopped:
             raise HorovodInternalError("Horovod has been shut down on this rank; call hvd.init() again.")
         if state is None:
             raise ValueError(f"process set {set_id} is not registered (was it removed?)")
@@ -135,37 +114,17 @@ class Engine(Driver):
                 names.add(entry.request.name)
             state.new.extend(entries)
         self.blocked.last_submit = time.monotonic()
-        submission = self._submission
-        if submission.batch:
-            submission.state = state  # the batch's end runs it (end_batch)
-        elif submission.waits:
-            if self.drive_lone(state):
-                return
-        else:
-            self._wake()
+        if not self._waited.depth:
+            self.wake()  # nobody waits for it now: the engine thread runs it
         if self._drive.locked():  # a caller driving the engine may be asleep waiting for peers
-            self._wake(driver=True)
+            self.wake(driver=True)
 
-    def caller_waits(self) -> _CallerWaits:
-        """Around a submission whose caller waits for it at once: it will run the cycle itself
-        (drive_until), so the engine thread is not woken; waking it would only make the two
-        threads compete for the GIL and the drive lock."""
-        return self._caller_waits
-
-    def batch_waits(self) -> _BatchWaits:
-        """Around several submissions that the caller waits for together right after (an
-        optimizer's gradients): as `caller_waits`, and no cycle starts before the last one is
-        in, so that one cycle negotiates them all and fusion sees them all."""
-        return self._batch_waits
-
-    def end_batch(self, state: SetState, failed: bool) -> None:
-        """The batch `batch_waits` enclosed is in: run its cycle now where it is the steady
-        state's (`drive_lone`), else the caller's wait runs it. If the batch broke off with an
-        error, the engine thread takes what went in, as it would any work nobody waits for."""
-        if failed:
-            self._wake()
-        else:
-            self.drive_lone(state)
+    def waited(self) -> _WaitedSubmissions:
+        """Around submissions that their caller waits for right after (a blocking collective, an
+        optimizer's gradients): the waiting thread runs their cycle itself (`drive_until`), so
+        the engine thread is not woken; waking it would only make the two threads compete for
+        the GIL and the drive lock, and start a cycle before the last submission is in."""
+        return self._waited_submissions
 
     def register_set(self, set_id: int, members: tuple[int, ...]) -> None:
         self.cycle.register_set(set_id, members)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from _thread import allocate_lock as _allocate_lock
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -12,18 +11,11 @@ from horovod.common.engine.messages import Request
 
 
 class Driving(Protocol):
-    """What a handle needs of the engine: a thread about to wait for it runs the cycles itself,
-    and the engine knows that the thread is blocked (deadlock detection)."""
+    """What a handle needs of the engine: a thread about to wait for it runs the cycles itself."""
 
     def drive_until(self, handle: Handle) -> None:
-        """Run the engine's cycles on the calling thread until `handle` completes (or return at
-        once when another thread drives)."""
-
-    def block(self, handle: Handle) -> None:
-        """A thread starts waiting for `handle` with no time limit."""
-
-    def unblock(self, handle: Handle) -> None:
-        """That wait is over."""
+        """Return once `handle` completes, running the engine's cycles on the calling thread
+        meanwhile where no other thread does."""
 
 
 class Handle:
@@ -52,21 +44,18 @@ class Handle:
         return self._remaining == 0
 
     def wait(self, timeout: float | None = None) -> Any:
-        engine = self.engine
-        if self._remaining and timeout is None and engine is not None:
-            engine.block(self)
-            try:
+        if self._remaining:
+            engine = self.engine
+            if timeout is None and engine is not None:
                 engine.drive_until(self)
-                self._block_until_done(None)
-            finally:
-                engine.unblock(self)
-        elif self._remaining:
-            self._block_until_done(timeout)
+            else:
+                self.block_until_done(timeout)
         if self._error is not None:
             raise self._error
         return self._results if self.grouped else self._results[0]
 
-    def _block_until_done(self, timeout: float | None) -> None:
+    def block_until_done(self, timeout: float | None) -> None:
+        """Sleep until the handle completes (it is another thread that completes it)."""
         if self._remaining:
             if not self._done.acquire(timeout=-1 if timeout is None else max(timeout, 0.0)):
                 raise TimeoutError(f"{self.name} did not complete within {timeout} s")
@@ -83,16 +72,17 @@ class Handle:
             self._done.release()
 
 
-@dataclass(eq=False)
 class Entry:
-    """One tensor of one call, from enqueue until the engine completes its handle."""
+    """One tensor of one call, from enqueue until the engine completes its handle (a plain
+    class with slots: one is built per tensor per op, twice as fast as a dataclass)."""
 
-    request: Request
-    tensor: np.ndarray | None
-    output: np.ndarray | None
-    handle: Handle
-    index: int = 0
-    done: bool = False
+    __slots__ = ("request", "tensor", "output", "handle", "index", "done")
+
+    def __init__(self, request: Request, tensor: np.ndarray | None, output: np.ndarray | None, handle: Handle,
+                 index: int = 0) -> None:
+        self.request, self.tensor, self.output = request, tensor, output
+        self.handle, self.index = handle, index
+        self.done = False
 
     @property
     def name(self) -> str:

@@ -213,7 +213,10 @@ class Signals:
     def pending(self) -> bool:
         """True when a local peer has posted a control message we have not read yet."""
         me, received = self.me, self.mine.counters[RECEIVED]
-        return any(seg.counters[SENT][me] > received[q] for q, seg in enumerate(self.segments) if q != me)
+        for q, seg in enumerate(self.segments):  # a plain loop: a generator in any() costs twice (every op asks)
+            if q != me and seg.counters[SENT][me] > received[q]:
+                return True
+        return False
 
     # -- failures -----------------------------------------------------------------------------
     def attach(self) -> None:
