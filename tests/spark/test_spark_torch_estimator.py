@@ -80,3 +80,42 @@ def test_parameters_not_applied_are_refused_not_ignored(spark, tmp_path):
     estimator.setTransformationFn(None).setCallbacks([object()])
     with pytest.raises(NotImplementedError, match="callbacks= is not supported"):
         estimator.fit(linear_frame(spark, 8))
+
+
+def test_backend_runs_training_and_a_custom_backend_works(spark, tmp_path):
+    """Horovod's idiom: `backend = SparkBackend(num_proc=..., stdout=..., ...)`, handed to the
+    estimator; and a user's own `Backend` subclass that wraps it."""
+    import io
+
+    from horovod.spark.common.backend import Backend, SparkBackend
+    from horovod.spark.common.store import Store
+    from horovod.spark.torch import TorchEstimator
+
+    class CountingBackend(Backend):
+        def __init__(self, inner):
+            self.inner, self.calls = inner, []
+
+        def run(self, fn, args=(), kwargs={}, env=None):
+            self.calls.append(env)
+            return self.inner.run(fn, args=args, kwargs=kwargs, env={**(env or {}), "KHVD_CUSTOM": "1"})
+
+        def num_processes(self):
+            return self.inner.num_processes()
+
+    out = io.StringIO()
+    backend = CountingBackend(SparkBackend(num_proc=2, stdout=out, verbose=1))
+    model = torch.nn.Linear(2, 1)
+    estimator = TorchEstimator(backend=backend, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                               loss=torch.nn.functional.mse_loss, feature_cols=["features"], label_cols=["y"],
+                               store=Store.create(str(tmp_path)), epochs=2, batch_size=8, verbose=1,
+                               partitions_per_process=1)
+    fitted = estimator.fit(linear_frame(spark, 32))
+    assert len(backend.calls) == 1 and len(fitted.getHistory()["loss"]) == 2
+    assert "[0]<stdout>:epoch 2/2" in out.getvalue()  # the ranks' output went where SparkBackend was told
+
+    with pytest.raises(ValueError, match='At most one of parameters "backend" and "num_proc"'):
+        estimator.setNumProc(2).fit(linear_frame(spark, 8))
+    with pytest.raises(TypeError, match="unknown arguments: bogus"):
+        SparkBackend(num_proc=2, bogus=1)
+    with pytest.raises(NotImplementedError, match="must implement run"):
+        Backend().run(print)

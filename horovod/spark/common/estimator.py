@@ -2,8 +2,8 @@
 predicts, and fitted models save and load with Spark ML's persistence.
 
 `HorovodEstimator._fit` is the same for every framework: write the data to the store
-(`data.prepare_data`), run the framework's training function on `num_proc` ranks through
-`horovod.spark.run`, and wrap rank 0's result in the framework's model. A framework supplies
+(`data.prepare_data`), run the framework's training function through the estimator's backend
+(`backend=`, else a `SparkBackend` of `num_proc` ranks running `horovod.spark.run`), and wrap rank 0's result in the framework's model. A framework supplies
 `_remote_trainer` (the function every rank runs) and `_create_model`; its model supplies
 `_predict_fn` (what runs on the executors in `transform`) and how its model turns into bytes.
 """
@@ -23,6 +23,7 @@ import pandas as pd
 from pyspark.ml import Estimator, Model
 from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
+from horovod.spark.common.backend import Backend, SparkBackend
 from horovod.spark.common.data import PreparedData, column_array, prepare_data
 from horovod.spark.common.params import EstimatorParams, ModelParams
 from horovod.spark.common.store import FilesystemStore
@@ -77,8 +78,6 @@ class HorovodEstimator(Estimator, EstimatorParams):
         return value
 
     def _fit(self, df: Any) -> Model:
-        import horovod.spark
-
         store = self._required("store")
         if not isinstance(store, FilesystemStore):
             raise TypeError(f"store= must be a horovod.spark.common.store.Store, got {type(store).__name__}")
@@ -87,7 +86,8 @@ class HorovodEstimator(Estimator, EstimatorParams):
         for name in ("sample_weight_col", "transformation_fn", *self._unsupported):
             if self.getOrDefault(name) not in (None, []):
                 raise NotImplementedError(f"{type(self).__name__}: {name}= is not supported here yet")
-        num_proc = self.getOrDefault("num_proc") or df.sparkSession.sparkContext.defaultParallelism
+        backend = self._get_or_create_backend()
+        num_proc = backend.num_processes()
         run_id = self.getOrDefault("run_id") or f"{type(self).__name__.lower()}_{uuid.uuid4().hex[:12]}"
         data = prepare_data(df, store, run_id, feature_cols, label_cols, self.getOrDefault("validation"),
                             max(1, num_proc * int(self.getOrDefault("partitions_per_process"))),
@@ -95,8 +95,24 @@ class HorovodEstimator(Estimator, EstimatorParams):
         if data.train_rows < num_proc:
             raise ValueError(f"{data.train_rows} training rows cannot feed {num_proc} ranks: lower num_proc")
         trainer = self._remote_trainer(data, run_id, num_proc)
-        results = horovod.spark.run(trainer, num_proc=num_proc, verbose=self.getOrDefault("verbose"))
+        results = backend.run(trainer, args=(), kwargs={}, env=self._backend_env())
         return self._create_model(results[0], run_id, data)
+
+    def _get_or_create_backend(self) -> Backend:
+        """The backend given, else a `SparkBackend` of `num_proc` ranks (giving both is an error:
+        the backend decides how many ranks run)."""
+        backend, num_proc = self.getOrDefault("backend"), self.getOrDefault("num_proc")
+        if backend is None:
+            return SparkBackend(num_proc, verbose=int(self.getOrDefault("verbose")))
+        if num_proc is not None:
+            raise ValueError('At most one of parameters "backend" and "num_proc" may be specified')
+        if not isinstance(backend, Backend):
+            raise TypeError(f"backend= must be a horovod.spark.common.backend.Backend, got {type(backend).__name__}")
+        return backend
+
+    def _backend_env(self) -> dict[str, str]:
+        """Variables added to the ranks' environment for this fit (Keras's `backend_env`)."""
+        return {}
 
     def plan(self, data: PreparedData, run_id: str, num_proc: int) -> TrainingPlan:
         """The run's plan; the batches per epoch are the same on every rank (each is a collective)."""

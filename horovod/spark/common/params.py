@@ -38,7 +38,7 @@ class EstimatorParams(_Accessors):
 
     num_proc = _param("num_proc", "number of Horovod processes (Spark tasks); default: the default parallelism")
     model = _param("model", "the model to train")
-    backend = _param("backend", "not used here: training always runs through horovod.spark.run")
+    backend = _param("backend", "the Backend that runs training; default SparkBackend(num_proc)")
     store = _param("store", "where the training data, checkpoints and logs go (horovod.spark.common.store)")
     optimizer = _param("optimizer", "the optimizer")
     loss = _param("loss", "the loss function")
