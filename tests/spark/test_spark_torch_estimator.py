@@ -15,7 +15,7 @@ from tests.spark.helpers import linear_frame  # noqa: E402
 
 
 def test_fit_transform_checkpoint_save_load(spark, tmp_path):
-    from horovod.spark.common.store import LocalStore, Store
+    from horovod.spark.common.store import LocalStore, Store, checkpoint_file
     from horovod.spark.torch import TorchEstimator, TorchModel
 
     store = Store.create(str(tmp_path / "store"))
@@ -32,8 +32,8 @@ def test_fit_transform_checkpoint_save_load(spark, tmp_path):
     history = fitted.getHistory()
     assert len(history["loss"]) == 15 and len(history["val_loss"]) == 15
     assert history["loss"][-1] < history["loss"][0] / 10 and history["val_loss"][-1] < 0.05
-    assert store.exists(store.get_checkpoint_path("linear"))
-    checkpoint = torch.load(store.get_checkpoint_path("linear"), weights_only=False)
+    assert store.exists(checkpoint_file(store, "linear"))
+    checkpoint = torch.load(checkpoint_file(store, "linear"), weights_only=False)
     assert checkpoint["epoch"] == 14
     weights = fitted.getModel().weight.detach().numpy().ravel()
     np.testing.assert_allclose(weights, [2.0, -3.0], atol=0.2)
@@ -64,21 +64,6 @@ def test_estimator_errors_are_clear(spark, tmp_path):
         estimator.fit(linear_frame(spark, 8))
     estimator.setFeatureCols(["nope"])
     with pytest.raises(ValueError, match="no column 'nope'"):
-        estimator.fit(linear_frame(spark, 8))
-
-
-def test_parameters_not_applied_are_refused_not_ignored(spark, tmp_path):
-    from horovod.spark.common.store import Store
-    from horovod.spark.torch import TorchEstimator
-
-    model = torch.nn.Linear(2, 1)
-    estimator = TorchEstimator(num_proc=2, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                               loss=torch.nn.functional.mse_loss, feature_cols=["features"], label_cols=["y"],
-                               store=Store.create(str(tmp_path)), transformation_fn=lambda pdf: pdf)
-    with pytest.raises(NotImplementedError, match="transformation_fn= is not supported"):
-        estimator.fit(linear_frame(spark, 8))
-    estimator.setTransformationFn(None).setCallbacks([object()])
-    with pytest.raises(NotImplementedError, match="callbacks= is not supported"):
         estimator.fit(linear_frame(spark, 8))
 
 
