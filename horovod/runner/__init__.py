@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["run", "run_function", "run_spec"]
 
 
-def _deprecated(old: str, new: str, old_value: Any, new_value: Any) -> Any:
+def deprecated_alias(old: str, new: str, old_value: Any, new_value: Any) -> Any:
     """Resolve a deprecated keyword alias: warn, and refuse both spellings at once."""
     if old_value is None:
         return new_value
@@ -87,11 +87,11 @@ def run(
     # Imported here so that `python -m horovod.runner.launch` does not find launch half-imported.
     from horovod.runner import launch, noop_flags
 
-    num_proc = _deprecated("np", "num_proc", np, num_proc)
-    min_num_proc = _deprecated("min_np", "min_num_proc", min_np, min_num_proc)
-    max_num_proc = _deprecated("max_np", "max_num_proc", max_np, max_num_proc)
+    num_proc = deprecated_alias("np", "num_proc", np, num_proc)
+    min_num_proc = deprecated_alias("min_np", "min_num_proc", min_np, min_num_proc)
+    max_num_proc = deprecated_alias("max_np", "max_num_proc", max_np, max_num_proc)
     if network_interface is not None:
-        network_interfaces = _deprecated("network_interface", "network_interfaces",
+        network_interfaces = deprecated_alias("network_interface", "network_interfaces",
                                          network_interface, network_interfaces)
     if hosts is not None and hostfile is not None:
         raise ValueError("hosts and hostfile are mutually exclusive: give one of them")

@@ -18,7 +18,7 @@ from typing import IO, Any, Callable, Sequence
 
 from horovod.common.rendezvous import RendezvousServer
 from horovod.common.settings import Settings
-from horovod.runner import run_function
+from horovod.runner import deprecated_alias, run_function
 from horovod.runner.elastic import ElasticDriver, ElasticSpec
 from horovod.runner.elastic.setup import elastic_spec
 from horovod.runner.hosts import HostInfo
@@ -141,6 +141,8 @@ def run_elastic(
     verbose: int = 1,
     nics: Sequence[str] | None = None,
     prefix_output_with_timestamp: bool = False,
+    min_np: int | None = None,
+    max_np: int | None = None,
 ) -> list[Any]:
     """Run the elastic function `fn(*args, **kwargs)` (it uses `hvd.elastic.run`) on `num_proc`
     Spark tasks, going on while at least `min_num_proc` of them are alive; the results of the final
@@ -150,8 +152,11 @@ def run_elastic(
     to `num_proc`, `max_num_proc` caps the workers. Below `min_num_proc` the job waits up to
     `elastic_timeout` (default `HOROVOD_ELASTIC_TIMEOUT`, else 600 s); `reset_limit` caps the
     re-formations. `start_timeout`, `env`, `stdout`, `stderr`, `verbose`, `nics` and
-    `prefix_output_with_timestamp` are `horovod.spark.run`'s.
+    `prefix_output_with_timestamp` are `horovod.spark.run`'s. `min_np` / `max_np` are the
+    deprecated spellings of `min_num_proc` / `max_num_proc`.
     """
+    min_num_proc = deprecated_alias("min_np", "min_num_proc", min_np, min_num_proc)
+    max_num_proc = deprecated_alias("max_np", "max_num_proc", max_np, max_num_proc)
     sc = active_spark_context()
     limits = _limits(sc, num_proc, min_num_proc, max_num_proc, elastic_timeout, reset_limit)
     start_timeout = default_start_timeout(start_timeout)

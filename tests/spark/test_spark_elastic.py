@@ -119,4 +119,10 @@ def test_bad_arguments_are_clear_errors_before_any_task_starts(spark):
         with pytest.raises(ValueError) as info:
             horovod.spark.run_elastic(_train, args=(1, "", "", 1), **kwargs)
         assert words in str(info.value)
+    # Horovod's deprecated spellings min_np / max_np still work, with a DeprecationWarning.
+    with pytest.warns(DeprecationWarning, match="min_np= is deprecated, use min_num_proc= instead"), \
+            pytest.raises(ValueError, match=r"min_num_proc \(3\) is larger than max_num_proc \(2\)"):
+        horovod.spark.run_elastic(_train, args=(1, "", "", 1), num_proc=2, min_np=3, max_np=2)
+    with pytest.raises(ValueError, match="give either min_num_proc= or the deprecated min_np=, not both"):
+        horovod.spark.run_elastic(_train, args=(1, "", "", 1), num_proc=2, min_np=1, min_num_proc=1)
     assert time.monotonic() - started < 5

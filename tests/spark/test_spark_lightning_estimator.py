@@ -42,7 +42,7 @@ class Linear(pl.LightningModule):
 
 
 def test_fit_transform_checkpoint_save_load(spark, tmp_path):
-    from horovod.spark.common.store import Store
+    from horovod.spark.common.store import Store, checkpoint_file
     from horovod.spark.lightning import TorchEstimator, TorchModel
 
     store = Store.create(str(tmp_path / "store"))
@@ -58,7 +58,7 @@ def test_fit_transform_checkpoint_save_load(spark, tmp_path):
     assert all(len(values) == 15 for values in history.values())
     assert history["loss"][-1] < history["loss"][0] / 10 and history["val_loss"][-1] < 0.05
     assert history["train_mae"][-1] < history["train_mae"][0]
-    checkpoint = torch.load(store.get_checkpoint_path("lightning"), weights_only=False)
+    checkpoint = torch.load(checkpoint_file(store, "lightning"), weights_only=False)
     assert checkpoint["epoch"] == 14
     assert checkpoint["optimizer"]["param_groups"][0]["lr"] == pytest.approx(0.1)  # StepLR halved it at epoch 10
     weights = fitted.getModel().layer.weight.detach().numpy().ravel()
@@ -89,3 +89,23 @@ def test_not_a_lightning_module_or_trainer_only_parameters_are_refused(spark, tm
                                store=store, loss=torch.nn.functional.mse_loss)
     with pytest.raises(NotImplementedError, match="loss= is not supported"):
         with_loss.fit(linear_frame(spark, 8))
+
+
+def test_trainer_parameters_warn_and_min_pl_version(spark, tmp_path):
+    import warnings
+
+    from horovod.spark.common.store import Store
+    from horovod.spark.lightning import TorchEstimator
+    from horovod.spark.lightning.estimator import MIN_PL_VERSION
+
+    from packaging.version import Version
+
+    assert Version(pl.__version__) >= Version(MIN_PL_VERSION)
+    estimator = TorchEstimator(num_proc=2, model=Linear(), feature_cols=["nope"], label_cols=["y"],
+                               store=Store.create(str(tmp_path)), trainer_args={"max_epochs": 3}, log_every_n_steps=5)
+    assert estimator.getTrainerArgs() == {"max_epochs": 3} and estimator.getLogEveryNSteps() == 5
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(ValueError, match="no column 'nope'"):
+        warnings.simplefilter("always")
+        estimator.fit(linear_frame(spark, 8))
+    messages = " ".join(str(w.message) for w in caught)
+    assert "trainer_args= has no effect here" in messages and "log_every_n_steps= has no effect here" in messages

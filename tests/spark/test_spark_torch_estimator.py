@@ -15,7 +15,7 @@ from tests.spark.helpers import linear_frame  # noqa: E402
 
 
 def test_fit_transform_checkpoint_save_load(spark, tmp_path):
-    from horovod.spark.common.store import LocalStore, Store
+    from horovod.spark.common.store import LocalStore, Store, checkpoint_file
     from horovod.spark.torch import TorchEstimator, TorchModel
 
     store = Store.create(str(tmp_path / "store"))
@@ -32,8 +32,8 @@ def test_fit_transform_checkpoint_save_load(spark, tmp_path):
     history = fitted.getHistory()
     assert len(history["loss"]) == 15 and len(history["val_loss"]) == 15
     assert history["loss"][-1] < history["loss"][0] / 10 and history["val_loss"][-1] < 0.05
-    assert store.exists(store.get_checkpoint_path("linear"))
-    checkpoint = torch.load(store.get_checkpoint_path("linear"), weights_only=False)
+    assert store.exists(checkpoint_file(store, "linear"))
+    checkpoint = torch.load(checkpoint_file(store, "linear"), weights_only=False)
     assert checkpoint["epoch"] == 14
     weights = fitted.getModel().weight.detach().numpy().ravel()
     np.testing.assert_allclose(weights, [2.0, -3.0], atol=0.2)
@@ -67,16 +67,40 @@ def test_estimator_errors_are_clear(spark, tmp_path):
         estimator.fit(linear_frame(spark, 8))
 
 
-def test_parameters_not_applied_are_refused_not_ignored(spark, tmp_path):
+def test_backend_runs_training_and_a_custom_backend_works(spark, tmp_path):
+    """Horovod's idiom: `backend = SparkBackend(num_proc=..., stdout=..., ...)`, handed to the
+    estimator; and a user's own `Backend` subclass that wraps it."""
+    import io
+
+    from horovod.spark.common.backend import Backend, SparkBackend
     from horovod.spark.common.store import Store
     from horovod.spark.torch import TorchEstimator
 
+    class CountingBackend(Backend):
+        def __init__(self, inner):
+            self.inner, self.calls = inner, []
+
+        def run(self, fn, args=(), kwargs={}, env=None):
+            self.calls.append(env)
+            return self.inner.run(fn, args=args, kwargs=kwargs, env={**(env or {}), "KHVD_CUSTOM": "1"})
+
+        def num_processes(self):
+            return self.inner.num_processes()
+
+    out = io.StringIO()
+    backend = CountingBackend(SparkBackend(num_proc=2, stdout=out, verbose=1))
     model = torch.nn.Linear(2, 1)
-    estimator = TorchEstimator(num_proc=2, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+    estimator = TorchEstimator(backend=backend, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                                loss=torch.nn.functional.mse_loss, feature_cols=["features"], label_cols=["y"],
-                               store=Store.create(str(tmp_path)), transformation_fn=lambda pdf: pdf)
-    with pytest.raises(NotImplementedError, match="transformation_fn= is not supported"):
-        estimator.fit(linear_frame(spark, 8))
-    estimator.setTransformationFn(None).setCallbacks([object()])
-    with pytest.raises(NotImplementedError, match="callbacks= is not supported"):
-        estimator.fit(linear_frame(spark, 8))
+                               store=Store.create(str(tmp_path)), epochs=2, batch_size=8, verbose=1,
+                               partitions_per_process=1)
+    fitted = estimator.fit(linear_frame(spark, 32))
+    assert len(backend.calls) == 1 and len(fitted.getHistory()["loss"]) == 2
+    assert "[0]<stdout>:epoch 2/2" in out.getvalue()  # the ranks' output went where SparkBackend was told
+
+    with pytest.raises(ValueError, match='At most one of parameters "backend" and "num_proc"'):
+        estimator.setNumProc(2).fit(linear_frame(spark, 8))
+    with pytest.raises(TypeError, match="unknown arguments: bogus"):
+        SparkBackend(num_proc=2, bogus=1)
+    with pytest.raises(NotImplementedError, match="must implement run"):
+        Backend().run(print)

@@ -2,8 +2,8 @@
 predicts, and fitted models save and load with Spark ML's persistence.
 
 `HorovodEstimator._fit` is the same for every framework: write the data to the store
-(`data.prepare_data`), run the framework's training function on `num_proc` ranks through
-`horovod.spark.run`, and wrap rank 0's result in the framework's model. A framework supplies
+(`data.prepare_data`), run the framework's training function through the estimator's backend
+(`backend=`, else a `SparkBackend` of `num_proc` ranks running `horovod.spark.run`), and wrap rank 0's result in the framework's model. A framework supplies
 `_remote_trainer` (the function every rank runs) and `_create_model`; its model supplies
 `_predict_fn` (what runs on the executors in `transform`) and how its model turns into bytes.
 """
@@ -15,6 +15,7 @@ import json
 import math
 import posixpath
 import uuid
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -23,7 +24,9 @@ import pandas as pd
 from pyspark.ml import Estimator, Model
 from pyspark.ml.util import MLReadable, MLReader, MLWritable, MLWriter
 
-from horovod.spark.common.data import PreparedData, column_array, prepare_data
+from horovod.spark.common.backend import Backend, SparkBackend
+from horovod.spark.common.data import PreparedData, prepare_data
+from horovod.spark.common.reader import ReaderOptions, ShardReader, column_array
 from horovod.spark.common.params import EstimatorParams, ModelParams
 from horovod.spark.common.store import FilesystemStore
 
@@ -48,6 +51,62 @@ class TrainingPlan:
     shuffle: bool
     seed: int | None
     verbose: int
+    reader: ReaderOptions
+    sample_weight_col: str | None
+    input_shapes: Sequence[Sequence[int]] | None
+    label_shapes: Sequence[Sequence[int]] | None
+    callbacks: Sequence[Any]
+    use_gpu: bool
+
+    @property
+    def columns(self) -> list[str]:
+        """The columns every rank reads: features, labels and the sample weights."""
+        weights = [self.sample_weight_col] if self.sample_weight_col else []
+        return list(dict.fromkeys([*self.feature_cols, *self.label_cols, *weights]))
+
+    def train_reader(self, rank: int, size: int) -> ShardReader:
+        return ShardReader(self.store, self.data.train_path, self.columns, rank, size, self.reader,
+                           self.reader.train_workers)
+
+    def val_reader(self, rank: int, size: int) -> ShardReader | None:
+        """The rank's validation rows, or None when there are none to validate on."""
+        if not self.data.val_path or not self.steps[1]:
+            return None
+        return ShardReader(self.store, self.data.val_path, self.columns, rank, size, self.reader,
+                           self.reader.val_workers)
+
+    def shaped(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The batch with its feature and label columns in `input_shapes` / `label_shapes`."""
+        return {**batch, **dict(zip(self.feature_cols, self.inputs(batch))),
+                **dict(zip(self.label_cols, self.labels(batch)))}
+
+    def inputs(self, batch: dict[str, Any]) -> list[Any]:
+        """The batch's feature columns, reshaped to `input_shapes` when given."""
+        shapes = self.input_shapes or [None] * len(self.feature_cols)
+        return [reshaped(batch[col], shape) for col, shape in zip(self.feature_cols, shapes)]
+
+    def labels(self, batch: dict[str, Any]) -> list[Any]:
+        """The batch's label columns, reshaped to `label_shapes` when given."""
+        shapes = self.label_shapes or [None] * len(self.label_cols)
+        return [reshaped(batch[col], shape) for col, shape in zip(self.label_cols, shapes)]
+
+
+def reshaped(values: Any, shape: Sequence[int] | None) -> Any:
+    """An array or tensor of rows in `shape` (Horovod's input_shapes / label_shapes, with or
+    without the leading -1 of the batch); as it is when `shape` is None."""
+    if shape is None:
+        return values
+    shape = [int(n) for n in shape]
+    return values.reshape(shape if shape and shape[0] == -1 else [-1, *shape])
+
+
+def run_callbacks(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
+    """Call `hook` (Keras's callback names: on_train_begin, on_epoch_end, ...) on each callback
+    that defines it."""
+    for callback in callbacks:
+        method = getattr(callback, hook, None)
+        if callable(method):
+            method(*args)
 
 _SAVED_PARAMS = ("history", "feature_columns", "label_columns", "output_cols", "run_id", "_metadata")
 
@@ -57,6 +116,13 @@ class HorovodEstimator(Estimator, EstimatorParams):
 
     #: Parameters this framework's training does not apply: refused rather than ignored.
     _unsupported: tuple[str, ...] = ()
+    #: Parameters that cannot mean here what they mean in Horovod, and why: set to anything but
+    #: their default, they warn at fit time (docs/spark.md lists them).
+    _not_honoured: dict[str, str] = {
+        "compress_sparse_cols": "SparseVector columns are always written dense (as arrays of doubles)",
+        "continuous_cols": "only Horovod's NVTabular data module reads it, and there is none here",
+        "categorical_cols": "only Horovod's NVTabular data module reads it, and there is none here",
+    }
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
@@ -77,26 +143,46 @@ class HorovodEstimator(Estimator, EstimatorParams):
         return value
 
     def _fit(self, df: Any) -> Model:
-        import horovod.spark
-
         store = self._required("store")
         if not isinstance(store, FilesystemStore):
             raise TypeError(f"store= must be a horovod.spark.common.store.Store, got {type(store).__name__}")
         self._required("model")
         feature_cols, label_cols = list(self._required("feature_cols")), list(self._required("label_cols"))
-        for name in ("sample_weight_col", "transformation_fn", *self._unsupported):
+        for name in self._unsupported:
             if self.getOrDefault(name) not in (None, []):
                 raise NotImplementedError(f"{type(self).__name__}: {name}= is not supported here yet")
-        num_proc = self.getOrDefault("num_proc") or df.sparkSession.sparkContext.defaultParallelism
+        for name, reason in self._not_honoured.items():
+            if self.getOrDefault(name) != self._DEFAULTS.get(name):
+                warnings.warn(f"{type(self).__name__}: {name}= has no effect here: {reason}", UserWarning,
+                              stacklevel=3)
+        weights = [self.getOrDefault("sample_weight_col")] if self.getOrDefault("sample_weight_col") else []
+        backend = self._get_or_create_backend()
+        num_proc = backend.num_processes()
         run_id = self.getOrDefault("run_id") or f"{type(self).__name__.lower()}_{uuid.uuid4().hex[:12]}"
-        data = prepare_data(df, store, run_id, feature_cols, label_cols, self.getOrDefault("validation"),
+        data = prepare_data(df, store, run_id, [*feature_cols, *label_cols, *weights], self.getOrDefault("validation"),
                             max(1, num_proc * int(self.getOrDefault("partitions_per_process"))),
                             self.getOrDefault("random_seed"))
         if data.train_rows < num_proc:
             raise ValueError(f"{data.train_rows} training rows cannot feed {num_proc} ranks: lower num_proc")
         trainer = self._remote_trainer(data, run_id, num_proc)
-        results = horovod.spark.run(trainer, num_proc=num_proc, verbose=self.getOrDefault("verbose"))
+        results = backend.run(trainer, args=(), kwargs={}, env=self._backend_env())
         return self._create_model(results[0], run_id, data)
+
+    def _get_or_create_backend(self) -> Backend:
+        """The backend given, else a `SparkBackend` of `num_proc` ranks (giving both is an error:
+        the backend decides how many ranks run)."""
+        backend, num_proc = self.getOrDefault("backend"), self.getOrDefault("num_proc")
+        if backend is None:
+            return SparkBackend(num_proc, verbose=int(self.getOrDefault("verbose")))
+        if num_proc is not None:
+            raise ValueError('At most one of parameters "backend" and "num_proc" may be specified')
+        if not isinstance(backend, Backend):
+            raise TypeError(f"backend= must be a horovod.spark.common.backend.Backend, got {type(backend).__name__}")
+        return backend
+
+    def _backend_env(self) -> dict[str, str]:
+        """Variables added to the ranks' environment for this fit (Keras's `backend_env`)."""
+        return {}
 
     def plan(self, data: PreparedData, run_id: str, num_proc: int) -> TrainingPlan:
         """The run's plan; the batches per epoch are the same on every rank (each is a collective)."""
@@ -110,7 +196,21 @@ class HorovodEstimator(Estimator, EstimatorParams):
             feature_cols=list(self.getOrDefault("feature_cols")), label_cols=list(self.getOrDefault("label_cols")),
             batch_size=batch, val_batch_size=val_batch, epochs=int(self.getOrDefault("epochs")),
             steps=(int(train), int(val)), shuffle=bool(self.getOrDefault("shuffle")),
-            seed=self.getOrDefault("random_seed"), verbose=int(self.getOrDefault("verbose")))
+            seed=self.getOrDefault("random_seed"), verbose=int(self.getOrDefault("verbose")),
+            reader=ReaderOptions(
+                pool_type=self.getOrDefault("reader_pool_type"),
+                train_workers=int(self.getOrDefault("train_reader_num_workers")),
+                val_workers=int(self.getOrDefault("val_reader_num_workers")),
+                cache_all=bool(self.getOrDefault("inmemory_cache_all")),
+                shuffle_buffer_size=self.getOrDefault("shuffle_buffer_size"),
+                mp_start_method=self.getOrDefault("mp_start_method"),
+                transformation_fn=self.getOrDefault("transformation_fn"),
+                edit_fields=self.getOrDefault("transformation_edit_fields"),
+                removed_fields=self.getOrDefault("transformation_removed_fields")),
+            sample_weight_col=self.getOrDefault("sample_weight_col"),
+            input_shapes=self.getOrDefault("input_shapes") if self.hasParam("input_shapes") else None,
+            label_shapes=self.getOrDefault("label_shapes"), callbacks=list(self.getOrDefault("callbacks") or []),
+            use_gpu=bool(self.getOrDefault("use_gpu")))
 
     @abc.abstractmethod
     def _remote_trainer(self, data: PreparedData, run_id: str, num_proc: int) -> Callable[[], TrainResult | None]:

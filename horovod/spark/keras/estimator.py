@@ -14,10 +14,14 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
+import cloudpickle
 import numpy as np
 
-from horovod.spark.common.data import PreparedData, epoch_batches, read_shard
+from horovod.spark.common.data import PreparedData
 from horovod.spark.common.estimator import HorovodEstimator, HorovodModel, TrainingPlan, TrainResult
+from horovod.spark.common.params import param
+from horovod.spark.common.reader import ShardReader
+from horovod.spark.common.store import checkpoint_file
 
 
 def model_to_bytes(model: Any) -> bytes:
@@ -29,9 +33,10 @@ def model_to_bytes(model: Any) -> bytes:
             return f.read()
 
 
-def model_from_bytes(data: bytes, compile: bool = True) -> Any:
+def model_from_bytes(data: bytes, compile: bool = True, custom_objects: dict[str, Any] | None = None) -> Any:
     """The model of `model_to_bytes`; a trained one was compiled with `hvd.DistributedOptimizer`,
-    which Keras finds once `horovod.keras` has registered it."""
+    which Keras finds once `horovod.keras` has registered it. `custom_objects`: the user's own
+    layers, losses, ... by name (the estimator's `custom_objects`)."""
     import keras
 
     import horovod.keras  # noqa: F401
@@ -40,7 +45,7 @@ def model_from_bytes(data: bytes, compile: bool = True) -> Any:
         path = os.path.join(tmp, "model.keras")
         with open(path, "wb") as f:
             f.write(data)
-        return keras.models.load_model(path, compile=compile)
+        return keras.models.load_model(path, compile=compile, custom_objects=custom_objects)
 
 
 @dataclass(frozen=True)
@@ -48,22 +53,44 @@ class _TrainConfig:
     model: bytes
     optimizer: dict[str, Any]  # keras.optimizers.serialize(...)
     loss: Any
+    loss_weights: Sequence[float] | None
     metrics: Sequence[Any]
-    callbacks: Sequence[Any]
+    custom_objects: dict[str, Any]
+    compression: Any
+    checkpoint_callback: Any
     plan: TrainingPlan
 
 
-def _inputs(arrays: dict[str, np.ndarray], cols: Sequence[str], index: np.ndarray) -> Any:
-    values = [arrays[col][index] for col in cols]
-    return values[0] if len(values) == 1 else tuple(values)
-
-
-def _batches(arrays: dict[str, np.ndarray], plan: TrainingPlan, batch_size: int, steps: int, shuffle: bool,
-             rng: np.random.Generator) -> Iterator[tuple[Any, Any]]:
-    rows = len(arrays[plan.feature_cols[0]])
+def _batches(reader: ShardReader, plan: TrainingPlan, batch_size: int, steps: int, shuffle: bool,
+             rng: np.random.Generator) -> Iterator[tuple[Any, ...]]:
+    """(inputs, labels) batches, or (inputs, labels, sample weights) with `sample_weight_col`, epoch
+    after epoch (Keras draws `steps` of them an epoch)."""
+    one = lambda values: values[0] if len(values) == 1 else tuple(values)  # noqa: E731
     while True:
-        for index in epoch_batches(rows, batch_size, steps, shuffle, rng):
-            yield _inputs(arrays, plan.feature_cols, index), _inputs(arrays, plan.label_cols, index)
+        for batch in reader.epoch(batch_size, steps, shuffle, rng):
+            x, y = one(plan.inputs(batch)), one(plan.labels(batch))
+            yield (x, y, batch[plan.sample_weight_col]) if plan.sample_weight_col else (x, y)
+
+
+def _checkpoint_callbacks(keras: Any, config: _TrainConfig, model: Any, workdir: str) -> list[Any]:
+    """Rank 0's checkpointing into the store after every epoch: the user's `checkpoint_callback`
+    (a `ModelCheckpoint`, writing to a local file that is then copied), or the whole model."""
+    store, path = config.plan.store, checkpoint_file(config.plan.store, config.plan.run_id)
+    user = config.checkpoint_callback
+    weights_only = bool(getattr(user, "save_weights_only", False))
+    local = os.path.join(workdir, "checkpoint.weights.h5" if weights_only else "checkpoint.keras")
+    if user is not None:
+        user.filepath = local
+
+    class _ToStore(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            if user is None:
+                store.write(path, model_to_bytes(self.model))
+            elif os.path.exists(local):
+                with open(local, "rb") as f:
+                    store.write(path, f.read())
+
+    return [*([user] if user is not None else []), _ToStore()]
 
 
 def _train(config: _TrainConfig) -> TrainResult | None:
@@ -76,28 +103,25 @@ def _train(config: _TrainConfig) -> TrainResult | None:
     try:
         if plan.seed is not None:
             keras.utils.set_random_seed(plan.seed)
-        model = model_from_bytes(config.model, compile=False)
-        optimizer = hvd.DistributedOptimizer(keras.optimizers.deserialize(config.optimizer))
-        model.compile(optimizer=optimizer, loss=config.loss, metrics=list(config.metrics))
-        columns = [*plan.feature_cols, *plan.label_cols]
-        train = read_shard(plan.store, plan.data.train_path, columns, hvd.rank(), hvd.size())
+        model = model_from_bytes(config.model, compile=False, custom_objects=config.custom_objects)
+        optimizer = hvd.DistributedOptimizer(keras.optimizers.deserialize(config.optimizer),
+                                             compression=config.compression or hvd.Compression.none)
+        model.compile(optimizer=optimizer, loss=config.loss, loss_weights=config.loss_weights,
+                      metrics=list(config.metrics))
+        train = plan.train_reader(hvd.rank(), hvd.size())
         rng = np.random.default_rng(None if plan.seed is None else plan.seed + hvd.rank())
         validation: dict[str, Any] = {}
-        if plan.data.val_path and plan.steps[1]:
-            val = read_shard(plan.store, plan.data.val_path, columns, hvd.rank(), hvd.size())
+        val = plan.val_reader(hvd.rank(), hvd.size())
+        if val is not None:
             validation = {"validation_data": _batches(val, plan, plan.val_batch_size, plan.steps[1], False, rng),
                           "validation_steps": plan.steps[1]}
-        store, checkpoint = plan.store, plan.store.get_checkpoint_path(plan.run_id)
-
-        class _Checkpoint(keras.callbacks.Callback):
-            def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-                store.write(checkpoint, model_to_bytes(self.model))
-
-        callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
-                     *config.callbacks, *([_Checkpoint()] if hvd.rank() == 0 else [])]
-        history = model.fit(_batches(train, plan, plan.batch_size, plan.steps[0], plan.shuffle, rng),
-                            steps_per_epoch=plan.steps[0], epochs=plan.epochs, callbacks=callbacks,
-                            verbose=2 if plan.verbose and hvd.rank() == 0 else 0, shuffle=False, **validation)
+        with tempfile.TemporaryDirectory() as workdir:
+            callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
+                         *plan.callbacks,
+                         *(_checkpoint_callbacks(keras, config, model, workdir) if hvd.rank() == 0 else [])]
+            history = model.fit(_batches(train, plan, plan.batch_size, plan.steps[0], plan.shuffle, rng),
+                                steps_per_epoch=plan.steps[0], epochs=plan.epochs, callbacks=callbacks,
+                                verbose=2 if plan.verbose and hvd.rank() == 0 else 0, shuffle=False, **validation)
         if hvd.rank() != 0:
             return None
         outputs = model.outputs
@@ -110,24 +134,50 @@ def _train(config: _TrainConfig) -> TrainResult | None:
 class KerasEstimator(HorovodEstimator):
     """Fits a compiled-or-not Keras model on a DataFrame with Horovod; `fit(df)` returns a `KerasModel`.
 
-    `optimizer` is a Keras optimizer (each rank builds one from its config); `loss` and `metrics`
-    are what `model.compile` takes; `callbacks` run on every rank after Horovod's own.
+    `optimizer` is a Keras optimizer (each rank builds one from its config); `loss`, `loss_weights`
+    and `metrics` are what `model.compile` takes; `callbacks` run on every rank after Horovod's own.
+    `custom_objects` name the model's own classes and functions; `checkpoint_callback` (a
+    `ModelCheckpoint`, e.g. `hvd.callbacks.BestModelCheckpoint`) decides what rank 0 checkpoints
+    into the store; `backend_env` is added to the ranks' environment. A run whose `run_id` already
+    has a checkpoint in the store resumes from it.
     """
 
-    _unsupported = ("gradient_compression",)
+    custom_objects = param("custom_objects", "the model's own layers, losses, ... by name, for loading it")
+    checkpoint_callback = param("checkpoint_callback", "a ModelCheckpoint deciding what rank 0 checkpoints")
+    backend_env = param("backend_env", "variables added to the ranks' environment")
+
+    _DEFAULTS = {**HorovodEstimator._DEFAULTS, "custom_objects": {}, "checkpoint_callback": None,
+                 "backend_env": None}
+    _not_honoured = {**HorovodEstimator._not_honoured,
+                     "tensorflow_dataset_prefetch_buffer_size":
+                         "batches come from a Python generator read ahead by the reader, not a tf.data pipeline"}
+
+    def _backend_env(self) -> dict[str, str]:
+        return dict(self.getOrDefault("backend_env") or {})
 
     def _remote_trainer(self, data: PreparedData, run_id: str, num_proc: int) -> Callable[[], TrainResult | None]:
         import keras
 
+        store = self.getOrDefault("store")
+        checkpoint = checkpoint_file(store, run_id)
+        model = model_to_bytes(self.getOrDefault("model"))
+        if store.exists(checkpoint):
+            if self.getOrDefault("verbose"):
+                print(f"Resuming training from last checkpoint: {checkpoint}", flush=True)
+            model = store.read(checkpoint)
         config = _TrainConfig(
-            model=model_to_bytes(self.getOrDefault("model")),
-            optimizer=keras.optimizers.serialize(self._required("optimizer")), loss=self._required("loss"),
-            metrics=list(self.getOrDefault("metrics") or []), callbacks=list(self.getOrDefault("callbacks") or []),
-            plan=self.plan(data, run_id, num_proc))
+            model=model, optimizer=keras.optimizers.serialize(self._required("optimizer")),
+            loss=self._required("loss"), loss_weights=self.getOrDefault("loss_weights"),
+            metrics=list(self.getOrDefault("metrics") or []),
+            custom_objects=dict(self.getOrDefault("custom_objects") or {}),
+            compression=self.getOrDefault("gradient_compression"),
+            checkpoint_callback=self.getOrDefault("checkpoint_callback"), plan=self.plan(data, run_id, num_proc))
         return lambda: _train(config)
 
     def _create_model(self, result: TrainResult, run_id: str, data: PreparedData) -> "KerasModel":
-        return KerasModel(history=result["history"], model=model_from_bytes(result["model"]),
+        custom_objects = dict(self.getOrDefault("custom_objects") or {})
+        return KerasModel(history=result["history"], custom_objects=custom_objects,
+                          model=model_from_bytes(result["model"], custom_objects=custom_objects),
                           feature_columns=list(self.getOrDefault("feature_cols")),
                           label_columns=list(self.getOrDefault("label_cols")), run_id=run_id,
                           _metadata={"output_shapes": result["output_shapes"], "shapes": data.shapes})
@@ -136,13 +186,21 @@ class KerasEstimator(HorovodEstimator):
 class KerasModel(HorovodModel):
     """A trained Keras model as a Spark ML transformer: `transform(df)` adds the predictions."""
 
+    custom_objects = param("custom_objects", "the model's own layers, losses, ... by name, for loading it")
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._setDefault(custom_objects={})
+
     def _predict_fn(self) -> Callable[[list[Any]], list[Any]]:
         payload = model_to_bytes(self.getOrDefault("model"))
+        # By value, with this process's cloudpickle settings (Spark pickles the UDF with its own copy).
+        objects = cloudpickle.dumps(dict(self.getOrDefault("custom_objects") or {}))
         loaded: list[Any] = []
 
         def predict(inputs: list[Any]) -> list[Any]:
             if not loaded:
-                loaded.append(model_from_bytes(payload, compile=False))
+                loaded.append(model_from_bytes(payload, compile=False, custom_objects=cloudpickle.loads(objects)))
             outputs = loaded[0].predict(inputs[0] if len(inputs) == 1 else inputs, verbose=0)
             return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
 

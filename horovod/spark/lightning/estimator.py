@@ -8,9 +8,9 @@ returns the loss (a tensor, or a dict with `"loss"`), `validation_step` (when th
 one) is run on the held-out rows. A batch is a dict of tensors by column name. What the steps
 `self.log(name, value)` goes into the history, averaged over the epoch and the ranks.
 
-No Lightning `Trainer` runs: its loop, callbacks, loggers and strategies are not used (and the
-`callbacks` parameter is refused). Parameters of Horovod's Lightning estimator that configure the
-Trainer (`trainer_args`, `data_module`, ...) are not taken.
+No Lightning `Trainer` runs: its loop, callbacks, loggers and strategies are not used. The
+parameters of Horovod's Lightning estimator that configure the Trainer (`trainer_args`, `logger`,
+`callbacks`, ...) are taken and warn at fit time that they have no effect.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import cloudpickle
 
 from horovod.spark.common.data import PreparedData
 from horovod.spark.common.estimator import TrainResult
+from horovod.spark.common.params import param
 from horovod.spark.torch.estimator import TorchEstimator as _PlainTorchEstimator
 from horovod.spark.torch.estimator import TorchModel as _PlainTorchModel
 from horovod.spark.torch.estimator import TrainConfig, train
@@ -72,9 +73,17 @@ class _LightningSteps:
             scheduler = scheduler["scheduler"]
         return configured, scheduler
 
-    def train_step(self, model: Any, batch: dict[str, Any], index: int) -> tuple[Any, dict[str, float]]:
+    terminate_on_nan: bool = False
+
+    def train_step(self, model: Any, optimizer: Any, batch: dict[str, Any], index: int, last: bool
+                   ) -> tuple[Any, dict[str, float]]:
+        optimizer.zero_grad()
         with _logging(model) as logged:
             loss = _loss_of(model.training_step(batch, index), "training_step")
+        if self.terminate_on_nan and not bool(loss.isfinite()):
+            raise ValueError(f"training_step returned a loss of {loss.item()} at batch {index} (terminate_on_nan=True)")
+        loss.backward()
+        optimizer.step()
         return loss, logged.values
 
     def val_step(self, model: Any, batch: dict[str, Any], index: int) -> dict[str, float]:
@@ -108,12 +117,48 @@ class _logging:
         del self.model.log
 
 
+#: The oldest Lightning this estimator runs with.
+MIN_PL_VERSION = "2.0.0"
+
+_NO_TRAINER = "the estimator runs its own loop over the module's hooks, not Lightning's Trainer"
+
+
 class TorchEstimator(_PlainTorchEstimator):
     """Fits a `lightning.pytorch.LightningModule` on a DataFrame with Horovod; `fit(df)` returns a
     `TorchModel`. The module's `configure_optimizers` and `training_step` (and `validation_step`)
     define training; `optimizer` and `loss` are not used."""
 
-    _unsupported = ("callbacks", "optimizer", "loss", "metrics")
+    num_gpus = param("num_gpus", "GPUs per process (default 1 when CUDA is available, else 0)")
+    logger = param("logger", "a Lightning logger")
+    log_every_n_steps = param("log_every_n_steps", "how often the Trainer logs")
+    loader_num_epochs = param("loader_num_epochs", "passes the data loader makes (None: as many as needed)")
+    terminate_on_nan = param("terminate_on_nan", "stop training on a loss that is NaN or infinite")
+    profiler = param("profiler", "a Lightning profiler")
+    trainer_args = param("trainer_args", "keyword arguments for Lightning's Trainer, over the estimator's")
+    debug_data_loader = param("debug_data_loader", "debug output of the data loader")
+    train_async_data_loader_queue_size = param("train_async_data_loader_queue_size", "batches read ahead (training)")
+    val_async_data_loader_queue_size = param("val_async_data_loader_queue_size", "batches read ahead (validation)")
+
+    _unsupported = ("optimizer", "loss", "metrics")
+    _DEFAULTS = {**_PlainTorchEstimator._DEFAULTS, "num_gpus": None, "logger": None, "log_every_n_steps": 50,
+                 "loader_num_epochs": None, "terminate_on_nan": False, "profiler": None, "trainer_args": None,
+                 "debug_data_loader": False, "train_async_data_loader_queue_size": None,
+                 "val_async_data_loader_queue_size": None}
+    _not_honoured = {**_PlainTorchEstimator._not_honoured, "train_minibatch_fn": _NO_TRAINER,
+                     "backward_passes_per_step": _NO_TRAINER, "loss_constructors": _NO_TRAINER,
+                     "loss_weights": _NO_TRAINER, "callbacks": _NO_TRAINER,
+                     **{name: _NO_TRAINER for name in ("num_gpus", "logger", "log_every_n_steps", "loader_num_epochs",
+                                                       "profiler", "trainer_args", "debug_data_loader",
+                                                       "train_async_data_loader_queue_size",
+                                                       "val_async_data_loader_queue_size")}}
+
+    def __init__(self, **kwargs: Any) -> None:
+        import lightning.pytorch as pl
+        from packaging.version import Version
+
+        if Version(pl.__version__) < Version(MIN_PL_VERSION):
+            raise RuntimeError(f"Only support pytorch_lightning version > {MIN_PL_VERSION}, found version {pl.__version__}")
+        super().__init__(**kwargs)
 
     def _remote_trainer(self, data: PreparedData, run_id: str, num_proc: int) -> Callable[[], TrainResult | None]:
         import lightning.pytorch as pl
@@ -121,8 +166,9 @@ class TorchEstimator(_PlainTorchEstimator):
         model = self._required("model")
         if not isinstance(model, pl.LightningModule):
             raise TypeError(f"model= must be a lightning.pytorch.LightningModule, got {type(model).__name__}")
-        config = TrainConfig(cloudpickle.dumps(model), _LightningSteps(), self.getOrDefault("gradient_compression"),
-                             self.plan(data, run_id, num_proc))
+        config = TrainConfig(cloudpickle.dumps(model), _LightningSteps(bool(self.getOrDefault("terminate_on_nan"))),
+                             self.getOrDefault("gradient_compression"), self.plan(data, run_id, num_proc),
+                             resume_from=self._resume_from(run_id))
         return lambda: train(config)
 
     def _model_class(self) -> type["TorchModel"]:
