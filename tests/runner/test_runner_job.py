@@ -85,8 +85,8 @@ def test_ssh_command_carries_env_but_never_the_secret():
     remote = argv[10]
     assert remote.startswith("cd '/work dir' >/dev/null 2>&1; ")
     assert "read -r _HOROVOD_SECRET_KEY" in remote
-    assert shlex.split(remote.split("exec ", 1)[1]) == [
-        "env", "HOROVOD_RANK=5", "X=it's", "python", "train.py", "--name", "a b"]
+    assert shlex.split(remote.split("exec env ", 1)[1]) == [
+        "HOROVOD_RANK=5", "X=it's", "python", "train.py", "--name", "a b", "</dev/null", "3<&-"]
 
 
 def test_local_host_detection():

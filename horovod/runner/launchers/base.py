@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
 from horovod.runner.hosts import SlotInfo
+from horovod.runner.launchers.orphans import OrphanGuard
 
 #: The variable that hands the job's secret to a worker (read by `horovod.common.settings`).
 SECRET_KEY_ENV = "_HOROVOD_SECRET_KEY"
@@ -44,6 +45,8 @@ class LaunchContext:
     # What a launcher that is not chosen by host needs besides (the Spark launcher: how to reach
     # the tasks that host the workers); see `JobSpec.launcher`.
     launcher_options: Mapping[str, str] = field(default_factory=dict)
+    # Stops the workers a launcher starts as its own processes should the launcher die (`orphans`).
+    guard: OrphanGuard | None = None
 
 
 class WorkerProcess(Protocol):

@@ -14,12 +14,14 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Mapping
 
 from horovod.runner.hosts import HostInfo
+from horovod.runner.launchers.orphans import parent_death_signal
 
 OPEN_MPI, MPICH, INTEL_MPI = "openmpi", "mpich", "intelmpi"
 _EXPORTABLE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -107,4 +109,7 @@ def run(job: MpiJob, env: Mapping[str, str]) -> int:
     """Run the job through mpirun with `env`; mpirun's exit status (it reports a failed rank itself)."""
     mpirun = find_mpirun()
     argv = build_command(mpirun, detect_flavor(mpirun), job, as_root=os.geteuid() == 0)
-    return subprocess.run(argv, env=dict(env), stdin=subprocess.DEVNULL).returncode
+    # Should horovodrun die, mpirun gets the SIGTERM it would from a user and tears its ranks down
+    # by its own rules; the ranks themselves are mpirun's to stop, not ours.
+    return subprocess.run(argv, env=dict(env), stdin=subprocess.DEVNULL,
+                          preexec_fn=parent_death_signal(signal.SIGTERM)).returncode

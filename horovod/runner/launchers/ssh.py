@@ -10,6 +10,9 @@ from horovod.runner.hosts import SlotInfo
 from horovod.runner.launchers.base import SECRET_KEY_ENV, LaunchContext
 from horovod.runner.launchers.process import ProcessWorker
 
+#: How long a remote worker whose ssh session ended may take to exit after SIGTERM.
+WATCH_GRACE_SECONDS = 2
+
 
 def ssh_argv(
     host: str,
@@ -24,6 +27,11 @@ def ssh_argv(
 
     The job secret is never part of it: the remote shell reads it from stdin (see `SshLauncher`).
     `connect_timeout` (the job's start timeout) bounds how long ssh tries to reach the host.
+    After the secret, stdin stays open as long as the launcher lives: a watcher in the remote
+    shell waits for its end, which comes when the ssh session is gone (the launcher died or
+    stopped the ssh client, or the connection broke), and then stops the worker's process group
+    (SIGTERM, SIGKILL `WATCH_GRACE_SECONDS` later). sshd starts the remote shell in a session of its
+    own, so that group is the worker and whatever it started.
     """
     options = ["-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=no"]
     if connect_timeout is not None:
@@ -35,8 +43,11 @@ def ssh_argv(
     assignments = " ".join(shlex.quote(f"{name}={value}") for name, value in env.items())
     remote = (
         f"cd {shlex.quote(cwd)} >/dev/null 2>&1; "
-        f"IFS= read -r {SECRET_KEY_ENV}; export {SECRET_KEY_ENV}; "
-        f"exec env {assignments} {shlex.join(command)}"
+        f"IFS= read -r {SECRET_KEY_ENV}; export {SECRET_KEY_ENV}; exec 3<&0; "
+        # A background list's stdin is /dev/null unless redirected: hand it the session's (fd 3).
+        "{ trap '' TERM; cat >/dev/null; kill -TERM -$$ 2>/dev/null || kill -TERM $$; "
+        f"sleep {WATCH_GRACE_SECONDS}; kill -KILL -$$ 2>/dev/null; }} <&3 >/dev/null 2>&1 & "
+        f"exec env {assignments} {shlex.join(command)} </dev/null 3<&-"
     )
     return ["ssh", *options, host, remote]
 
@@ -54,6 +65,7 @@ class SshLauncher:
             port=ctx.ssh_port, identity_file=ctx.ssh_identity_file,
             connect_timeout=ctx.start_timeout,
         )
-        # The secret goes over the ssh client's stdin, so no command line or remote `ps` shows it.
+        # The secret goes over the ssh client's stdin, so no command line or remote `ps` shows it;
+        # stdin then stays open: its end tells the remote side that the launcher is gone.
         return ProcessWorker(slot, argv, ctx.launcher_env, stdin_data=(ctx.secret_hex + "\n").encode(),
-                             output=ctx.output)
+                             output=ctx.output, guard=ctx.guard, keep_stdin_open=True)
