@@ -197,7 +197,8 @@ class RendezvousClient:
         deadline = time.monotonic() + connect_timeout
         while True:
             try:
-                self._sock = socket.create_connection((host, port), timeout=5.0)
+                attempt = min(5.0, max(0.1, deadline - time.monotonic()))  # never past the deadline
+                self._sock = socket.create_connection((host, port), timeout=attempt)
                 break
             except OSError as exc:
                 if time.monotonic() > deadline:

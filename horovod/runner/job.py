@@ -122,6 +122,7 @@ class Job:
         self._launch_context = LaunchContext(
             command=spec.command, secret_hex=self._secret.hex(), cwd=os.getcwd(),
             launcher_env=self._base_env, output=spec.output, start_timeout=spec.start_timeout,
+            failure_detection_seconds=spec.failure_detection_seconds,
             ssh_port=spec.ssh_port, ssh_identity_file=spec.ssh_identity_file,
             resources=spec.worker_resources,
             launcher_options=spec.launcher_options, guard=self._guard,

@@ -89,6 +89,13 @@ def test_ssh_command_carries_env_but_never_the_secret():
         "HOROVOD_RANK=5", "X=it's", "python", "train.py", "--name", "a b", "</dev/null", "3<&-"]
 
 
+def test_ssh_gives_up_on_a_silent_session_after_about_the_failure_detection_time():
+    argv = ssh_argv("node7", ["true"], {}, "/", alive_seconds=5)
+    options = " ".join(argv[:-2])
+    assert "-o ServerAliveInterval=2 -o ServerAliveCountMax=3" in options  # about 6 s without an answer
+    assert "ServerAlive" not in " ".join(ssh_argv("node7", ["true"], {}, "/", alive_seconds=0))
+
+
 def test_local_host_detection():
     assert network.is_local_host("localhost")
     assert network.is_local_host("127.0.0.2")

@@ -62,7 +62,8 @@ class StoreBootstrap:
 
     def join(self, settings: Settings, previous_round: int, comm: Any = None) -> Membership:
         reject_comm(comm, settings.topology.size)
-        store = connect_store(settings, "HOROVOD_BOOTSTRAP=store needs the rendezvous store the driver serves")
+        store = connect_store(settings, "HOROVOD_BOOTSTRAP=store needs the rendezvous store the driver serves",
+                              rejoining=previous_round > 0)
         try:
             me = worker_id(settings.topology)
             number, topology = _wait_for_slot(store, me, previous_round, settings.start_timeout,

@@ -39,6 +39,7 @@ class LaunchContext:
     launcher_env: Mapping[str, str] = field(default_factory=dict)  # for helpers the launcher runs (ssh)
     output: OutputOptions = OutputOptions()
     start_timeout: float = 30.0  # also bounds how long a remote connection may take
+    failure_detection_seconds: float = 0.0  # how long an ssh session may go unanswered (0: ssh's own rules)
     ssh_port: int | None = None
     ssh_identity_file: str | None = None
     resources: Mapping[str, float] = field(default_factory=dict)  # each worker's reservation (Ray)

@@ -22,11 +22,15 @@ def ssh_argv(
     port: int | None = None,
     identity_file: str | None = None,
     connect_timeout: float | None = None,
+    alive_seconds: float = 0.0,
 ) -> list[str]:
     """The ssh command that runs `command` on `host` with `env`.
 
     The job secret is never part of it: the remote shell reads it from stdin (see `SshLauncher`).
-    `connect_timeout` (the job's start timeout) bounds how long ssh tries to reach the host.
+    `connect_timeout` (the job's start timeout) bounds how long ssh tries to reach the host, and
+    `alive_seconds` (the failure detection setting) how long the session may go unanswered before
+    the client gives up (exit status 255), so the launcher learns that a host is cut off even when
+    the worker's own exit cannot reach it.
     After the secret, stdin stays open as long as the launcher lives: a watcher in the remote
     shell waits for its end, which comes when the ssh session is gone (the launcher died or
     stopped the ssh client, or the connection broke), and then stops the worker's process group
@@ -36,6 +40,9 @@ def ssh_argv(
     options = ["-o", "PasswordAuthentication=no", "-o", "StrictHostKeyChecking=no"]
     if connect_timeout is not None:
         options += ["-o", f"ConnectTimeout={max(1, math.ceil(connect_timeout))}"]
+    if alive_seconds > 0:
+        options += ["-o", f"ServerAliveInterval={max(1, math.ceil(alive_seconds / 3))}",
+                    "-o", "ServerAliveCountMax=3"]
     if port is not None:
         options += ["-p", str(port)]
     if identity_file is not None:
@@ -63,7 +70,7 @@ class SshLauncher:
         argv = ssh_argv(
             slot.hostname, ctx.command, env, ctx.cwd,
             port=ctx.ssh_port, identity_file=ctx.ssh_identity_file,
-            connect_timeout=ctx.start_timeout,
+            connect_timeout=ctx.start_timeout, alive_seconds=ctx.failure_detection_seconds,
         )
         # The secret goes over the ssh client's stdin, so no command line or remote `ps` shows it;
         # stdin then stays open: its end tells the remote side that the launcher is gone.
