@@ -61,13 +61,28 @@ killed = time.monotonic()
 launcher.kill()
 launcher.wait()
 exits = {}
-while True:  # every orphan (workers, the guard) ends as our child
-    try:
-        pid, status = os.waitpid(-1, 0)
-    except ChildProcessError:
-        break
-    exits[pid] = [os.waitstatus_to_exitcode(status), time.monotonic() - killed]
+def reap(block):
+    while True:  # every orphan (workers, the guard, a Spark driver's JVMs) ends as our child
+        try:
+            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        exits[pid] = [os.waitstatus_to_exitcode(status), time.monotonic() - killed]
+while time.monotonic() < killed + 30 and not all(pid in exits for pid in ready.values()):
+    reap(block=False)
+    time.sleep(0.02)
 print(json.dumps({"ready": ready, "exits": exits}), flush=True)
+while True:  # whatever is left (nothing, for horovodrun) is not the workers' business: stop it
+    children = [int(pid) for task in os.listdir("/proc/self/task")
+                for pid in open(f"/proc/self/task/{task}/children").read().split()]
+    if not children:
+        break
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.05)
+    reap(block=False)
 '''
 
 
