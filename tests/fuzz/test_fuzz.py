@@ -3,6 +3,7 @@ one, replayed (the long runs, 100,000 executions per target: `run_fuzz.py`, docs
 
 from __future__ import annotations
 
+import base64
 import subprocess
 import sys
 from pathlib import Path
@@ -42,12 +43,22 @@ CRASHES = [
     ("elastic", b"r 1 " + wire.encode([1, 2]).hex().encode()),  # a plan that is not a mapping: AttributeError
     ("elastic", b"r 1 " + wire.encode({"w": (1, 2)}).hex().encode()),  # too few fields: TypeError
     ("elastic", b"r 1 " + wire.encode({}).hex().encode() + b"\nc 1 " + wire.encode("2").hex().encode()),  # flags
+    # LONG_BINPUT at memo index 875,903,285: the unpickler grew its memo past 4 GB (out of memory)
+    ("elastic", base64.b64decode("ciAxIClyNTk1NAEANDJ+IClh")),
+    ("mesh", base64.b64decode("ASQAAAAAAAAAgAWVFAAAAAAAAAApjAVoZWxsb3JLAktVAYwBeJQAAQAAAAAAHxQ=")),  # the same in a greeting
 ]
 
 
 @pytest.mark.parametrize("name,data", CRASHES, ids=[f"{name}-{i}" for i, (name, _) in enumerate(CRASHES)])
 def test_inputs_that_once_crashed_a_target_are_handled(name: str, data: bytes) -> None:
     targets.TARGETS[name](data)
+
+
+def test_a_message_cannot_make_the_decoder_allocate_gigabytes() -> None:
+    with pytest.raises(wire.WireError, match="memo index 875903285"):
+        wire.decode(b")r5954")  # an empty tuple, stored at memo index 875,903,285
+    message = ("put", "s", "r\x00\x00\x00\x01" * 100, b"r1234" * 1000)  # bytes that look like one, inside values
+    assert wire.decode(wire.encode(message)) == message
 
 
 def test_malformed_elastic_notifications_are_named_as_such() -> None:
