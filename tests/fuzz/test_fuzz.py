@@ -46,6 +46,7 @@ CRASHES = [
     # LONG_BINPUT at memo index 875,903,285: the unpickler grew its memo past 4 GB (out of memory)
     ("elastic", base64.b64decode("ciAxIClyNTk1NAEANDJ+IClh")),
     ("mesh", base64.b64decode("ASQAAAAAAAAAgAWVFAAAAAAAAAApjAVoZWxsb3JLAktVAYwBeJQAAQAAAAAAHxQ=")),  # the same in a greeting
+    ("store", base64.b64decode("ASEAAAAAAAAAgAWVFgAAAAAAAAAojANwdXSMAXOUjAFrcpR0lC4Bc5Qu")),  # ... in a store request
 ]
 
 
