@@ -115,6 +115,10 @@ class RendezvousServer:
             self._closed = True
             self._changed.notify_all()
         if self._listener is not None:
+            try:  # wakes the accept thread (closing alone leaves it blocked in accept() for good)
+                self._listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self._listener.close()
         for conn in list(self._conns):
             try:
@@ -197,7 +201,8 @@ class RendezvousClient:
         deadline = time.monotonic() + connect_timeout
         while True:
             try:
-                self._sock = socket.create_connection((host, port), timeout=5.0)
+                attempt = min(5.0, max(0.1, deadline - time.monotonic()))  # never past the deadline
+                self._sock = socket.create_connection((host, port), timeout=attempt)
                 break
             except OSError as exc:
                 if time.monotonic() > deadline:
@@ -241,6 +246,13 @@ class RendezvousClient:
     def join_round(self, member: str, size: int) -> int:
         """The round this member of a fixed group of `size` joins (the store decides)."""
         return int(self._call(_JOIN, member, size))
+
+    def rounds(self) -> list[int]:
+        """The numbers of the rounds planned so far (`ROUNDS`); WireError if a key there is not one."""
+        keys = self.keys(ROUNDS)
+        if not all(key.isascii() and key.isdecimal() and str(int(key)) == key for key in keys):
+            raise wire.WireError(f"malformed rendezvous store: round keys {keys!r:.200} are not all numbers")
+        return [int(key) for key in keys]
 
     def first_lost(self) -> tuple[int, str, str] | None:
         """(rank, host, how it went) of the first rank the launcher saw go, or None."""

@@ -4,8 +4,9 @@ Every socket between khorovod processes (worker <-> rendezvous store, worker <->
 with `handshake()`. Both sides prove knowledge of the job's secret without sending it, so a
 stranger (or a worker of another job) is refused before it can send a single message. After the
 handshake, control messages travel as frames whose size is capped, so a peer cannot make us
-allocate unbounded memory; payloads are tuples of plain values decoded by an unpickler that
-refuses every global, so no message can construct arbitrary objects.
+allocate unbounded memory (nor make the decoder do it: see `decode`); payloads are tuples of
+plain values decoded by an unpickler that refuses every global, so no message can construct
+arbitrary objects.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import hmac
 import io
 import os
 import pickle
+import pickletools
+import re
 import socket
 import struct
 from typing import Any
@@ -137,7 +140,29 @@ def encode(message: Any) -> bytes:
     return pickle.dumps(message, protocol=5)
 
 
+# LONG_BINPUT ("r" and a 4-byte index) makes the C unpickler grow its memo to twice the index:
+# 13 bytes could make it allocate gigabytes. Our encoder never writes one (protocol 5 memoizes with
+# MEMOIZE); a message whose bytes could hold a large one (an "r" whose index has its top byte set,
+# 16M or more) is checked opcode by opcode before it is loaded. Checking every message would
+# triple the cost of decoding the engine's small messages.
+_MAYBE_LARGE_MEMO_INDEX = re.compile(rb"r...[^\x00]", re.S)
+
+
+def _refuse_large_memo_indices(data: bytes | bytearray | memoryview) -> None:
+    try:
+        for opcode, argument, _ in pickletools.genops(bytes(data)):
+            if opcode.name == "LONG_BINPUT" and argument >= len(data):
+                raise WireError(f"refused a message that stores an object at memo index {argument}, "
+                                f"beyond anything {len(data)} bytes can hold")
+    except WireError:
+        raise
+    except Exception as exc:
+        raise WireError(f"malformed message: {exc}") from None
+
+
 def decode(data: bytes | bytearray | memoryview) -> Any:
+    if _MAYBE_LARGE_MEMO_INDEX.search(data) is not None:
+        _refuse_large_memo_indices(data)
     try:
         return _PlainUnpickler(io.BytesIO(data)).load()
     except WireError:

@@ -10,7 +10,7 @@ in the store (`failures/<rank>`, see docs/internals.md) or, failing that, its st
 It also enforces the start timeout: once one rank has called hvd.init(), every rank must within
 `start_timeout` seconds, or the job stops naming those that did not. A signal to the launcher
 (Ctrl-C, SIGTERM, SIGHUP) stops every worker before the launcher exits, so no process outlives
-the job. How a worker is started, watched and stopped is not decided here: each host's launcher
+the job; a launcher killed outright leaves that to the job's orphan guard (`launchers.orphans`). How a worker is started, watched and stopped is not decided here: each host's launcher
 comes by name from `horovod.runner.launchers`, and the policy sees workers only as `WorkerProcess`.
 """
 
@@ -33,6 +33,7 @@ from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS
 from horovod.runner import launchers, network
 from horovod.runner.hosts import SlotInfo
 from horovod.runner.launchers import SECRET_KEY_ENV, LaunchContext, Launcher, OutputOptions, WorkerProcess
+from horovod.runner.launchers.orphans import OrphanGuard
 from horovod.runner.report import JobResult, WorkerFailure, exit_status, how_it_went, root_cause
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -120,12 +121,14 @@ class Job:
         self.spec = spec
         self._base_env = dict(os.environ if base_env is None else base_env)
         self._secret = wire.new_secret_key()
+        self._guard = OrphanGuard()
         self._launch_context = LaunchContext(
             command=spec.command, secret_hex=self._secret.hex(), cwd=os.getcwd(),
             launcher_env=self._base_env, output=spec.output, start_timeout=spec.start_timeout,
+            failure_detection_seconds=spec.failure_detection_seconds,
             ssh_port=spec.ssh_port, ssh_identity_file=spec.ssh_identity_file,
             resources=spec.worker_resources,
-            launcher_options=spec.launcher_options,
+            launcher_options=spec.launcher_options, guard=self._guard,
         )
         self._launchers: dict[str, Launcher] = {}  # by launcher name, built on first use
         self.store: RendezvousServer | None = None
@@ -160,6 +163,7 @@ class Job:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._guard.close()  # every worker is stopped by now (`run`)
         if self.store is not None:
             self.store.stop()
 

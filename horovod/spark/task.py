@@ -10,7 +10,6 @@ its whole process group is killed when the task returns or is interrupted by Spa
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -22,23 +21,14 @@ import cloudpickle
 
 from horovod.common import wire
 from horovod.common.rendezvous import RendezvousClient
+from horovod.runner.launchers.orphans import parent_death_signal
 from horovod.spark import control
 from horovod.spark.control import ControlAddress
 
-_PR_SET_PDEATHSIG = 1
 _SIGNAL_POLL_SECONDS = 0.2
-
-
-try:  # looked up before any fork: the child runs no more Python than one call
-    _prctl: Callable[..., int] | None = ctypes.CDLL(None, use_errno=True).prctl
-except (OSError, AttributeError):
-    _prctl = None  # not Linux: the task's cleanup below still stops the worker when it can
-
-
-def _die_with_parent() -> None:
-    """In the worker, before exec: the kernel kills it when the task's thread goes."""
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+# In the worker, before exec: the kernel kills it when the task's thread goes (not Linux: the
+# task's cleanup below still stops the worker when it can).
+_die_with_parent = parent_death_signal(signal.SIGKILL)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

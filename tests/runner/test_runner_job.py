@@ -90,8 +90,15 @@ def test_ssh_command_carries_env_but_never_the_secret():
     remote = argv[10]
     assert remote.startswith("cd '/work dir' >/dev/null 2>&1; ")
     assert "read -r _HOROVOD_SECRET_KEY" in remote
-    assert shlex.split(remote.split("exec ", 1)[1]) == [
-        "env", "HOROVOD_RANK=5", "X=it's", "python", "train.py", "--name", "a b"]
+    assert shlex.split(remote.split("exec env ", 1)[1]) == [
+        "HOROVOD_RANK=5", "X=it's", "python", "train.py", "--name", "a b", "</dev/null", "3<&-"]
+
+
+def test_ssh_gives_up_on_a_silent_session_after_about_the_failure_detection_time():
+    argv = ssh_argv("node7", ["true"], {}, "/", alive_seconds=5)
+    options = " ".join(argv[:-2])
+    assert "-o ServerAliveInterval=2 -o ServerAliveCountMax=3" in options  # about 6 s without an answer
+    assert "ServerAlive" not in " ".join(ssh_argv("node7", ["true"], {}, "/", alive_seconds=0))
 
 
 def test_local_host_detection():

@@ -58,10 +58,19 @@ def reject_comm(comm: Any, size: int) -> None:
                          "by mpirun (or horovodrun --mpi); use process_sets= for collectives over subsets")
 
 
-def connect_store(settings: Settings, why_needed: str) -> RendezvousClient:
-    """A connection to the launcher's store; ValueError saying `why_needed` when none is configured."""
+def connect_store(settings: Settings, why_needed: str, rejoining: bool = False) -> RendezvousClient:
+    """A connection to the launcher's store; ValueError saying `why_needed` when none is configured.
+
+    Joining the job, a worker may try for the start timeout (the launcher's host may be slow to
+    answer at first). `rejoining` after a failure, it reached the store before: one that cannot
+    now within the failure detection time is the one cut off, and fails then, so that an elastic
+    driver sees it go and goes on with the others instead of waiting the start timeout for it.
+    """
     if settings.rendezvous_addr is None or settings.rendezvous_port is None or not settings.secret_key:
         raise ValueError(f"{why_needed}; start the job with horovodrun (or horovod.run), which sets "
                          "HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT")
+    timeout = settings.start_timeout
+    if rejoining and settings.failure_detection_seconds > 0:
+        timeout = min(timeout, settings.failure_detection_seconds)
     return RendezvousClient(settings.rendezvous_addr, settings.rendezvous_port, settings.secret_key,
-                            settings.start_timeout, settings.failure_detection_seconds)
+                            timeout, settings.failure_detection_seconds)

@@ -36,7 +36,15 @@ def encode_plan(assignment: Mapping[str, Topology]) -> bytes:
 
 
 def decode_plan(raw: bytes) -> dict[str, Topology]:
-    return {str(worker): Topology(*fields) for worker, fields in wire.decode(raw).items()}
+    """The plan `encode_plan` made; WireError for anything else (whoever wrote it to the store)."""
+    plan = wire.decode(raw)
+    field_types = [type(getattr(Topology(), field.name)) for field in dataclasses.fields(Topology)]
+    if not (isinstance(plan, dict) and all(
+            isinstance(worker, str) and isinstance(fields, tuple) and len(fields) == len(field_types)
+            and all(type(value) is kind for value, kind in zip(fields, field_types))
+            for worker, fields in plan.items())):
+        raise wire.WireError(f"malformed round plan in the rendezvous store: {plan!r:.200}")
+    return {worker: Topology(*fields) for worker, fields in plan.items()}
 
 
 #: Scope where each worker records the rounds it joined (key `<round>:<worker id>`, empty value):
@@ -62,7 +70,8 @@ class StoreBootstrap:
 
     def join(self, settings: Settings, previous_round: int, comm: Any = None) -> Membership:
         reject_comm(comm, settings.topology.size)
-        store = connect_store(settings, "HOROVOD_BOOTSTRAP=store needs the rendezvous store the driver serves")
+        store = connect_store(settings, "HOROVOD_BOOTSTRAP=store needs the rendezvous store the driver serves",
+                              rejoining=previous_round > 0)
         try:
             me = worker_id(settings.topology)
             number, topology = _wait_for_slot(store, me, previous_round, settings.start_timeout,
@@ -81,7 +90,7 @@ def _wait_for_slot(store: RendezvousClient, me: str, after: int, timeout: float,
     `removable`: a round that leaves `me` out raises WorkerRemoved instead."""
     deadline = time.monotonic() + timeout
     while True:
-        number = newest_round((int(key) for key in store.keys(ROUNDS)), after)
+        number = newest_round(store.rounds(), after)
         if number is not None:
             plan = decode_plan(store.get(ROUNDS, str(number), 0.0))
             if me in plan:
@@ -114,13 +123,16 @@ def publish_change(server: RendezvousServer, number: int, change: int) -> None:
 def newer_rounds(store: RendezvousClient, after: int) -> tuple[int, int] | None:
     """(the newest planned round after `after`, the OR of how the rounds since changed the workers),
     or None when the driver has planned nothing since."""
-    numbers = [int(key) for key in store.keys(ROUNDS) if int(key) > after]
+    numbers = [number for number in store.rounds() if number > after]
     if not numbers:
         return None
     change = 0
     for number in numbers:
         try:
-            change |= int(wire.decode(store.get(CHANGES, str(number), 1.0)))
+            flags = wire.decode(store.get(CHANGES, str(number), 1.0))
         except TimeoutError:
-            pass  # a round planned by something other than the elastic driver: no flags
+            continue  # a round planned by something other than the elastic driver: no flags
+        if type(flags) is not int:
+            raise wire.WireError(f"malformed change of round {number} in the rendezvous store: {flags!r:.80}")
+        change |= flags
     return max(numbers), change

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
 from horovod.runner.hosts import SlotInfo
+from horovod.runner.launchers.orphans import OrphanGuard
 
 #: The variable that hands the job's secret to a worker (read by `horovod.common.settings`).
 SECRET_KEY_ENV = "_HOROVOD_SECRET_KEY"
@@ -38,12 +39,15 @@ class LaunchContext:
     launcher_env: Mapping[str, str] = field(default_factory=dict)  # for helpers the launcher runs (ssh)
     output: OutputOptions = OutputOptions()
     start_timeout: float = 30.0  # also bounds how long a remote connection may take
+    failure_detection_seconds: float = 0.0  # how long an ssh session may go unanswered (0: ssh's own rules)
     ssh_port: int | None = None
     ssh_identity_file: str | None = None
     resources: Mapping[str, float] = field(default_factory=dict)  # each worker's reservation (Ray)
     # What a launcher that is not chosen by host needs besides (the Spark launcher: how to reach
     # the tasks that host the workers); see `JobSpec.launcher`.
     launcher_options: Mapping[str, str] = field(default_factory=dict)
+    # Stops the workers a launcher starts as its own processes should the launcher die (`orphans`).
+    guard: OrphanGuard | None = None
 
 
 class WorkerProcess(Protocol):

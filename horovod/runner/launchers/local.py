@@ -18,4 +18,4 @@ class LocalLauncher:
     def start(self, slot: SlotInfo, env: Mapping[str, str]) -> ProcessWorker:
         ctx = self.context
         return ProcessWorker(slot, ctx.command, {**env, SECRET_KEY_ENV: ctx.secret_hex},
-                             cwd=ctx.cwd, output=ctx.output)
+                             cwd=ctx.cwd, output=ctx.output, guard=ctx.guard)

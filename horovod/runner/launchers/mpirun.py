@@ -17,6 +17,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import Mapping
 from horovod.runner.hosts import HostInfo
 from horovod.runner.launchers.base import OutputOptions
 from horovod.runner.launchers.tagged_output import TaggedOutput
+from horovod.runner.launchers.orphans import parent_death_signal
 
 OPEN_MPI, MPICH, INTEL_MPI = "openmpi", "mpich", "intelmpi"
 #: From this many hosts on, Open MPI starts its daemons from mpirun alone and all at once (as
@@ -139,8 +141,11 @@ def run(job: MpiJob, env: Mapping[str, str], output: OutputOptions = OutputOptio
     argv = build_command(mpirun, kind, job, as_root=os.geteuid() == 0)
     if verbose:
         print(f"horovodrun: {shlex.join(argv)}", file=sys.stderr, flush=True)
+    # Should horovodrun die, mpirun gets the SIGTERM it would from a user and tears its ranks down
+    # by its own rules; the ranks themselves are mpirun's to stop, not ours.
     proc = subprocess.Popen(argv, env={**env, **launcher_env(kind, job)}, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=parent_death_signal(signal.SIGTERM))
     with TaggedOutput(kind == OPEN_MPI, job.num_proc, output) as forward:
         forward.pump(proc.stdout, proc.stderr)  # type: ignore[arg-type]
     return proc.wait()

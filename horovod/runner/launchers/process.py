@@ -4,7 +4,8 @@ Both the local and the ssh launcher end in one of these (for ssh, the process is
 that runs the remote worker). No policy here: see `horovod.runner.launchers.base`. Each worker
 runs in its own session (so its own process group): a signal to the group reaches whatever the
 worker started too, and a Ctrl-C typed at the terminal reaches only the launcher, which then
-stops the workers in order.
+stops the workers in order; should the launcher die without doing so, the job's orphan guard
+(`horovod.runner.launchers.orphans`) stops them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import IO, Mapping, Sequence
 
 from horovod.runner.hosts import SlotInfo
 from horovod.runner.launchers.base import OutputOptions
+from horovod.runner.launchers.orphans import OrphanGuard
 
 # One lock for both consoles, so lines of different ranks never interleave mid-line.
 _console_lock = threading.Lock()
@@ -56,6 +58,8 @@ class ProcessWorker:
         cwd: str | None = None,
         stdin_data: bytes | None = None,
         output: OutputOptions = OutputOptions(),
+        guard: OrphanGuard | None = None,
+        keep_stdin_open: bool = False,
     ) -> None:
         self.slot = slot
         self._output = output
@@ -74,9 +78,13 @@ class ProcessWorker:
             assert self.proc.stdin is not None
             try:
                 self.proc.stdin.write(stdin_data)
-                self.proc.stdin.close()
+                self.proc.stdin.flush()
+                if not keep_stdin_open:
+                    self.proc.stdin.close()
             except BrokenPipeError:
                 pass
+        if guard is not None:
+            guard.watch(self.proc.pid, slot.rank, slot.hostname)
         streams = ((self.proc.stdout, "stdout", files[0]), (self.proc.stderr, "stderr", files[1]))
         self._pumps = [
             threading.Thread(target=self._pump, args=stream, name=f"hvd-{stream[1]}-{slot.rank}",
@@ -92,9 +100,15 @@ class ProcessWorker:
 
     def wait(self, timeout: float | None = None) -> int | None:
         try:
-            return self.proc.wait(timeout)
+            returncode = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()  # the end of a connection kept open while it ran (ssh)
+            except OSError:
+                pass
+        return returncode
 
     def signal(self, signum: int) -> None:
         """Signal the worker's whole process group (it may be gone already; that is fine)."""

@@ -11,9 +11,10 @@ import select
 import selectors
 import socket
 import time
+from typing import Any, Collection
 
 from horovod.common import netif, wire
-from horovod.common.rendezvous import ROUNDS, RendezvousClient
+from horovod.common.rendezvous import RendezvousClient
 from horovod.common.rounds import newest_round
 from horovod.common.transport.base import PeerFailure, TransportContext
 from horovod.common.transport.tcp.deathwatch import HANGUP, DeathWatch
@@ -164,11 +165,8 @@ class Mesh:
             return f"it sent nothing for {wait:g} s"
         except (wire.WireError, OSError) as exc:
             return str(exc)
-        if not (isinstance(hello, tuple) and len(hello) == 4 and hello[0] == "hello" and hello[2] == round_number
-                and isinstance(hello[1], int) and self.rank < hello[1] < self.size
-                and hello[1] not in self.peers and isinstance(hello[3], str)):
-            return f"unexpected greeting {hello!r:.80}"
-        return hello
+        problem = greeting_problem(hello, self.rank, self.size, round_number, self.peers)
+        return hello if problem is None else problem
 
     def _add_peer(self, rank: int, sock: socket.socket, peer_timeout: float) -> None:
         self.peers[rank] = PeerConnection(rank, sock, peer_timeout, self.hosts.get(rank), self.detection_seconds)
@@ -184,6 +182,19 @@ class Mesh:
         self.peers.clear()
 
 
+def greeting_problem(hello: Any, rank: int, size: int, round_number: int, connected: Collection[int]) -> str | None:
+    """Why an authenticated peer's first message is not the greeting `("hello", rank, round, host)`
+    of a higher rank of this round that has not connected yet; None when it is."""
+    if not (isinstance(hello, tuple) and len(hello) == 4 and hello[0] == "hello"
+            and type(hello[1]) is int and type(hello[2]) is int and isinstance(hello[3], str)):
+        return f"unexpected greeting {hello!r:.80}"
+    if hello[2] != round_number:
+        return f"a greeting for round {hello[2]}, not this round ({round_number})"
+    if not rank < hello[1] < size or hello[1] in connected:
+        return f"a greeting from rank {hello[1]}, which is not a higher rank still to connect"
+    return None
+
+
 def _tune(sock: socket.socket, detection_seconds: float) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
@@ -196,7 +207,7 @@ def _raise_if_lost(rendezvous: RendezvousClient, round_number: int) -> None:
     driver has planned a newer round (a member of this one died or was left out), saying so."""
     try:
         lost = rendezvous.first_lost()
-        newer = newest_round((int(key) for key in rendezvous.keys(ROUNDS)), round_number)
+        newer = newest_round(rendezvous.rounds(), round_number)
     except (OSError, wire.WireError):
         return
     if newer is not None:
