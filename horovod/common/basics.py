@@ -47,7 +47,11 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             settings = dataclasses.replace(settings, dynamic_process_sets=True)
             process_sets = None
         hvd_logging.configure(settings.log_level, settings.log_hide_time)
-        settings, membership, transport, sets = _join(settings, comm, process_sets)
+        try:
+            settings, membership, transport, sets = _join(settings, comm, process_sets)
+        except BaseException:
+            mpi_library.abort_job_if_uncaught()
+            raise
         rt = _build_runtime(settings, membership, transport, sets)
         _state.install(rt)
         rt.engine.start()

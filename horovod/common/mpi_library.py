@@ -115,3 +115,28 @@ def process_set_ranks(comm: Any, job: Any) -> list[int]:
             f"(MPI_COMM_NULL outside it), one ProcessSet per communicator; the ranks saw {sorted(views)}")
     return list(views.pop())
 
+
+def abort_job_if_uncaught() -> None:
+    """Called while an exception leaves `hvd.init()`. Where MPI runs this process as one of
+    several ranks, the other ranks may be inside an MPI call waiting for this one, and this
+    process, exiting, would wait in MPI_Finalize for them: mpirun never sees a rank end and the
+    job hangs. So should the exception escape the script, the job is aborted through MPI (as
+    `python -m mpi4py` does), which mpirun turns into its own teardown of every rank. A caller
+    that catches the exception keeps its process."""
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized() or MPI.COMM_WORLD.size == 1:
+        return
+    previous = sys.excepthook
+    if getattr(previous, "_horovod_mpi_abort", False):
+        return
+
+    def abort(exc_type: type, exc: BaseException, tb: Any) -> None:
+        previous(exc_type, exc, tb)
+        sys.stderr.write(f"horovod: rank {MPI.COMM_WORLD.rank} failed in hvd.init(); aborting the MPI job "
+                         "so that the other ranks stop too\n")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+    abort._horovod_mpi_abort = True  # type: ignore[attr-defined]
+    sys.excepthook = abort
+

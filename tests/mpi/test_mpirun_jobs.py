@@ -142,6 +142,25 @@ def test_a_rank_that_dies_ends_the_job_within_seconds_naming_it():
     assert re.search(r"Process name: +\[prterun-[^\]]*,1\]\s+Exit code: +3", text), text
 
 
+def test_a_rank_whose_init_fails_ends_the_job_instead_of_hanging():
+    """Rank 1's hvd.init() raises while rank 0 waits for it inside MPI: the uncaught exception
+    aborts the MPI job (rank 1 would otherwise wait in MPI_Finalize, and mpirun for it)."""
+    start = time.monotonic()
+    result = mpirun("""
+        import os
+        if os.environ["OMPI_COMM_WORLD_RANK"] == "1":
+            os.environ["HOROVOD_CPU_OPERATIONS"] = "tcp"  # no store under mpirun: init() refuses it
+        import horovod.numpy as hvd
+        hvd.init()
+        report(joined=True)
+    """, np=2, timeout=60)
+    assert result.returncode != 0
+    assert time.monotonic() - start < 45  # generous: the machine is shared; the hang it replaces is unbounded
+    assert "has no rendezvous store" in result.stderr
+    assert "rank 1 failed in hvd.init(); aborting the MPI job" in result.stderr
+    assert 1 not in result.ranks
+
+
 INIT_ERROR = """
     import horovod.numpy as hvd
     try:
