@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 
-from horovod.common.settings import Settings
+from horovod.common.settings import SPARK_CONTROL_SECRET_ENV, Settings
 from horovod.runner.hosts import SlotInfo
 from horovod.runner.launchers import OutputOptions
 from horovod.spark.control import ControlAddress
@@ -56,7 +56,9 @@ def main(argv: list[str]) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         # Sent from a thread: the handler may interrupt the main thread inside the store client.
         signal.signal(signum, lambda received, _frame: threading.Thread(target=daemon.signal, args=(received,)).start())
-    daemon.send(("/bin/sh", "-c", " ".join(command)), dict(os.environ))
+    # The daemon's environment is its ranks': the store's secret stays with the agent.
+    env = {name: value for name, value in os.environ.items() if name != SPARK_CONTROL_SECRET_ENV}
+    daemon.send(("/bin/sh", "-c", " ".join(command)), env)
     returncode = daemon.wait()
     daemon.join_output(5.0)
     return 255 if returncode is None else (returncode if returncode >= 0 else 128 - returncode)

@@ -114,7 +114,8 @@ def _ancestors() -> list[str]:
 
 def _mpi_train() -> dict:
     result = _train(1.0)
-    return {**result, "ancestors": _ancestors(), "mpi": os.environ.get("OMPI_COMM_WORLD_SIZE")}
+    return {**result, "ancestors": _ancestors(), "mpi": os.environ.get("OMPI_COMM_WORLD_SIZE"),
+            "control_secret": "_HOROVOD_SPARK_CONTROL_SECRET" in os.environ}
 
 
 def test_use_mpi_runs_the_ranks_under_mpirun_inside_a_spark_task(spark):
@@ -129,6 +130,7 @@ def test_use_mpi_runs_the_ranks_under_mpirun_inside_a_spark_task(spark):
         ancestors = result["ancestors"]
         assert any("prted" in name for name in ancestors), ancestors
         assert any("pyspark" in name for name in ancestors), ancestors
+        assert not result["control_secret"]  # mpirun's agent keeps the driver's store secret
     assert "hello from rank 1" in out.getvalue()
     assert not none_left(tag)
 
