@@ -4,10 +4,6 @@
 # khorovod itself is put on PYTHONPATH by whoever runs it (the tests do). Prints the interpreter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${VENV_MXNET:-.venv-mxnet}
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import mxnet, cloudpickle, yaml" 2>/dev/null; then
-    python3 -m venv "$VENV"
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "mxnet==1.9.1" "numpy<1.24" \
-        "cloudpickle>=2.0" "pyyaml>=5.4" >&2
-fi
-echo "$VENV/bin/python"
+source scripts/side-venv.sh
+side_venv "${VENV_MXNET:-.venv-mxnet}" "mxnet, cloudpickle, yaml" "mxnet==1.9.1" "numpy<1.24" "cloudpickle>=2.0" \
+    "pyyaml>=5.4"

@@ -21,6 +21,9 @@ DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
 DEFAULT_FAILURE_DETECTION_SECONDS = 5.0
 DEFAULT_ELASTIC_TIMEOUT = 600.0  # Horovod's defaults for both
 DEFAULT_SPARK_START_TIMEOUT = 600.0
+#: Set by a horovod.spark task for the worker it starts: the task's GPU addresses (see Settings).
+SPARK_TASK_GPUS_ENV = "HOROVOD_SPARK_TASK_GPUS"
+SPARK_CONTROL_SECRET_ENV = "_HOROVOD_SPARK_CONTROL_SECRET"
 #: Horovod's start and peer (Gloo) timeouts: the least a job waits, whatever its size.
 BASE_TIMEOUT_SECONDS = 30.0
 
@@ -231,6 +234,12 @@ class Settings:
     # long horovod.spark.run waits for its tasks to start (HOROVOD_SPARK_START_TIMEOUT).
     elastic_timeout: float = DEFAULT_ELASTIC_TIMEOUT
     spark_start_timeout: float = DEFAULT_SPARK_START_TIMEOUT
+    # Worker side, under horovod.spark: the GPU addresses Spark's resource scheduling gave the task
+    # hosting this worker (HOROVOD_SPARK_TASK_GPUS, comma-separated, set by that task).
+    spark_task_gpus: tuple[str, ...] = ()
+    # mpirun's agent under horovod.spark.run(use_mpi=True): the driver's control store secret (hex,
+    # SPARK_CONTROL_SECRET_ENV), kept off the agent's command line.
+    spark_control_secret_hex: str | None = None
     # How long a peer may stay silent in the middle of a collective before we call it hung.
     peer_timeout_seconds: float = BASE_TIMEOUT_SECONDS  # HOROVOD_GLOO_TIMEOUT_SECONDS, else scaled_timeout
     # How long a peer whose host stopped answering may go unnoticed (0: the kernel's defaults).
@@ -308,6 +317,8 @@ class Settings:
             start_timeout=env_float(env, "HOROVOD_START_TIMEOUT", default_timeout),
             elastic_timeout=env_float(env, "HOROVOD_ELASTIC_TIMEOUT", DEFAULT_ELASTIC_TIMEOUT),
             spark_start_timeout=env_float(env, "HOROVOD_SPARK_START_TIMEOUT", DEFAULT_SPARK_START_TIMEOUT),
+            spark_control_secret_hex=env.get(SPARK_CONTROL_SECRET_ENV) or None,
+            spark_task_gpus=tuple(a.strip() for a in env.get(SPARK_TASK_GPUS_ENV, "").split(",") if a.strip()),
             peer_timeout_seconds=env_float(env, "HOROVOD_GLOO_TIMEOUT_SECONDS", default_timeout),
             failure_detection_seconds=env_float(env, "HOROVOD_FAILURE_DETECTION_SECONDS",
                                                 DEFAULT_FAILURE_DETECTION_SECONDS),

@@ -5,7 +5,9 @@ stage of `num_proc` tasks (`horovod.spark.stage`); barrier mode schedules them a
 none. Each task registers its host; the driver gives the ranks to the hosts in the order the
 tasks came (local ranks by task index within a host) and runs the very job `horovod.run` runs
 (`horovod.runner.run_spec`): same rendezvous store, same worker (`horovod.runner.run_task`),
-same failure policy and report, with the `spark` launcher starting each worker in its task.
+same failure policy and report, with the `spark` launcher starting each worker in its task. With
+`use_mpi=True` the job is `horovod.run(use_mpi=True)`'s instead, mpirun starting its daemons in
+the tasks through `horovod.spark.mpirun_rsh`.
 """
 
 from __future__ import annotations
@@ -14,16 +16,20 @@ import argparse
 import contextlib
 import dataclasses
 import json
+import shlex
 import socket
 import sys
 from typing import IO, Any, Callable, Iterator, Sequence
 
+import cloudpickle
+
 from horovod.common import wire
 from horovod.common.rendezvous import RendezvousServer
-from horovod.common.settings import Settings
+from horovod.common.settings import SPARK_CONTROL_SECRET_ENV, Settings
 from horovod.runner import function_job_spec, launch, run_spec
 from horovod.runner.job import JobSpec
 from horovod.runner.launchers import OutputOptions
+from horovod.spark import control, mpirun_rsh
 from horovod.spark.control import ControlAddress
 from horovod.spark.stage import BarrierStage
 
@@ -89,6 +95,14 @@ def job_spec(hosts: str, num_proc: int, start_timeout: float, verbose: int, nics
     return hargs, spec
 
 
+def release_idle_tasks(store: RendezvousServer, by_host: dict[str, list[int]]) -> None:
+    """Under mpirun, a host's ranks all run under its daemon, in the host's first task: the other
+    tasks there run nothing (they only held their slots until the stage started)."""
+    for tasks in by_host.values():
+        for index in tasks[1:]:
+            store.put(control.START, str(index), cloudpickle.dumps((["true"], {})))
+
+
 def default_start_timeout(start_timeout: float | None) -> float:
     """`start_timeout`, else `HOROVOD_SPARK_START_TIMEOUT`, else Horovod's 600 s."""
     if start_timeout is not None:
@@ -121,12 +135,13 @@ def run(
     receive the workers' `[rank]<stdout>:` lines (default: this process's). `verbose >= 2` tells
     how the ranks were placed. `start_timeout` (default `HOROVOD_SPARK_START_TIMEOUT`, else 600 s)
     bounds how long the tasks may take to start together: too few free task slots is an error.
+    `use_mpi=True` starts the ranks with mpirun, whose daemons run in the tasks (`mpirun_rsh`);
+    `extra_mpi_args` goes on mpirun's command line.
     """
-    if use_mpi:
-        raise NotImplementedError("horovod.spark.run(use_mpi=True) is not available: the workers run through "
-                                  "our own launcher in Spark tasks (the Gloo path); leave use_mpi unset")
-    if extra_mpi_args:
-        raise ValueError("extra_mpi_args only applies with use_mpi=True, which is not available here")
+    if use_mpi and use_gloo:
+        raise ValueError("use_mpi and use_gloo are mutually exclusive: pick one controller")
+    if extra_mpi_args and not use_mpi:
+        raise ValueError("extra_mpi_args only applies with use_mpi=True")
     sc = active_spark_context()
     num_proc = sc.defaultParallelism if num_proc is None else num_proc
     if num_proc < 1:
@@ -135,10 +150,19 @@ def run(
     with control_store(sc) as (store, address), \
             BarrierStage(sc, num_proc, store, address, start_timeout) as stage, redirected(stdout, stderr):
         by_host = placement(stage.wait_registered())
+        if use_mpi:
+            hosts = ",".join(f"{mpirun_rsh.host_name(tasks[0])}:{len(tasks)}" for tasks in by_host.values())
+            env = {**(env or {}), SPARK_CONTROL_SECRET_ENV: address.secret_hex}
+        else:
+            hosts = ",".join(f"{host}:{len(tasks)}" for host, tasks in by_host.items())
         hargs, spec = job_spec(
-            ",".join(f"{host}:{len(tasks)}" for host, tasks in by_host.items()), num_proc, start_timeout,
-            verbose, nics, prefix_output_with_timestamp, executable, env, "spark",
+            hosts, num_proc, start_timeout, verbose, nics, prefix_output_with_timestamp, executable, env, "spark",
             {**address.as_options(), "placement": json.dumps(by_host)})
+        if use_mpi:
+            release_idle_tasks(store, by_host)
+            hargs.use_mpi = True
+            hargs.mpi_args = " ".join([*([extra_mpi_args] if extra_mpi_args else []), "--mca plm_rsh_agent",
+                                       shlex.quote(shlex.join(mpirun_rsh.agent_command(address)))])
         if verbose >= 2:
             print(f"horovod.spark.run: {num_proc} ranks on {by_host}", file=sys.stderr, flush=True)
         return run_spec(hargs, spec, fn, args, kwargs)

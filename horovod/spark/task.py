@@ -5,7 +5,8 @@ The task says where it runs, waits for the driver to send the worker's command a
 starts it as a child in its own session (so a signal reaches everything it started), streams its
 output lines to the driver, passes on the driver's signals, and reports the exit code. The worker
 never outlives the task: it is killed if the task's Python process dies (parent-death signal) and
-its whole process group is killed when the task returns or is interrupted by Spark.
+its whole process group is killed when the task returns or is interrupted by Spark. The worker
+learns the GPU addresses Spark gave its task from the task (`get_available_devices`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import cloudpickle
 from horovod.common import wire
 from horovod.common.rendezvous import RendezvousClient
 from horovod.runner.launchers.orphans import parent_death_signal
+from horovod.common.settings import SPARK_TASK_GPUS_ENV, Settings
 from horovod.spark import control
 from horovod.spark.control import ControlAddress
 
@@ -29,6 +31,21 @@ _SIGNAL_POLL_SECONDS = 0.2
 # In the worker, before exec: the kernel kills it when the task's thread goes (not Linux: the
 # task's cleanup below still stops the worker when it can).
 _die_with_parent = parent_death_signal(signal.SIGKILL)
+
+
+def get_available_devices() -> list[str]:
+    """In a worker of `horovod.spark.run`/`run_elastic`: the GPU addresses Spark's resource
+    scheduling gave the task hosting it (`spark.task.resource.gpu.amount`); empty without any.
+
+    The worker is a process of its own and cannot see the task's `TaskContext`, so the task hands
+    the addresses down in the worker's environment."""
+    return list(Settings.from_env().spark_task_gpus)
+
+
+def task_gpus(context: Any) -> tuple[str, ...]:
+    """The GPU addresses Spark gave the task of `context` (a `TaskContext`)."""
+    gpu = context.resources().get("gpu")
+    return tuple(gpu.addresses) if gpu is not None else ()
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
@@ -59,9 +76,11 @@ class _OutputSender:
         self._client.put(control.OUTPUT, f"{self._key}.end", str(self._count).encode())
 
 
-def run_worker(client: RendezvousClient, key: str, argv: list[str], env: dict[str, str]) -> int:
-    """Run one worker to its end: stream its output and pass on the driver's signals under `key`,
-    then report its exit code (`control.EXIT`) and return it."""
+def run_worker(client: RendezvousClient, key: str, argv: list[str], env: dict[str, str],
+               gpus: tuple[str, ...]) -> int:
+    """Run one worker to its end, telling it the task's `gpus`: stream its output and pass on the
+    driver's signals under `key`, then report its exit code (`control.EXIT`) and return it."""
+    env = {**env, SPARK_TASK_GPUS_ENV: ",".join(gpus)}
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent)
     try:
@@ -97,13 +116,13 @@ def connect(address: ControlAddress, start_timeout: float) -> RendezvousClient:
                             connect_timeout=start_timeout)
 
 
-def host_worker(index: int, host: str, address: ControlAddress, start_timeout: float) -> int:
+def host_worker(index: int, host: str, gpus: tuple[str, ...], address: ControlAddress, start_timeout: float) -> int:
     """Register as task `index` on `host`, run the worker the driver sends, return its exit code."""
     client = connect(address, start_timeout)
     try:
         client.put(control.TASKS, str(index), host.encode())
         argv, env = cloudpickle.loads(client.get(control.START, str(index), start_timeout))
-        return run_worker(client, str(index), argv, env)
+        return run_worker(client, str(index), argv, env, gpus)
     finally:
         client.close()
 
@@ -136,7 +155,7 @@ class _Heartbeat:
         self._client.close()
 
 
-def serve_elastic(name: str, host: str, address: ControlAddress, start_timeout: float) -> int:
+def serve_elastic(name: str, host: str, gpus: tuple[str, ...], address: ControlAddress, start_timeout: float) -> int:
     """Be elastic task `name`: host the workers the driver sends, one after another, until it says
     the job is over (or its store is gone); the number of workers hosted."""
     client = connect(address, start_timeout)
@@ -149,7 +168,7 @@ def serve_elastic(name: str, host: str, address: ControlAddress, start_timeout: 
                 argv, env = cloudpickle.loads(client.get(control.START, key, _SIGNAL_POLL_SECONDS))
             except TimeoutError:
                 continue
-            run_worker(client, key, argv, env)
+            run_worker(client, key, argv, env, gpus)
             started += 1
     except OSError:
         pass
@@ -168,7 +187,8 @@ def elastic_task(address: ControlAddress, start_timeout: float) -> Callable[[Ite
 
         context = TaskContext.get()
         name = control.task_name(context.partitionId(), context.attemptNumber())
-        yield context.partitionId(), serve_elastic(name, socket.gethostname(), address, start_timeout)
+        yield context.partitionId(), serve_elastic(name, socket.gethostname(), task_gpus(context), address,
+                                                   start_timeout)
 
     return run
 
@@ -182,6 +202,6 @@ def barrier_task(address: ControlAddress, start_timeout: float) -> Callable[[Ite
         context = BarrierTaskContext.get()
         index = context.partitionId()
         host = context.getTaskInfos()[index].address.rsplit(":", 1)[0]
-        yield index, host_worker(index, host, address, start_timeout)
+        yield index, host_worker(index, host, task_gpus(context), address, start_timeout)
 
     return run

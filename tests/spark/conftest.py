@@ -16,7 +16,7 @@ import pytest
 from engines import engine_unavailable
 
 
-def _spark_missing() -> str | None:
+def spark_missing() -> str | None:
     try:
         import pyspark  # noqa: F401
     except ImportError:
@@ -26,9 +26,11 @@ def _spark_missing() -> str | None:
     return None
 
 
-def start_spark(executors: int = 2, cores: int = 1, app: str = "khorovod-tests") -> "object":
-    """A SparkSession on `executors` executor JVMs of `cores` task slots each, on loopback."""
-    reason = _spark_missing()
+def start_spark(executors: int = 2, cores: int = 1, app: str = "khorovod-tests",
+                conf: dict[str, str] | None = None) -> "object":
+    """A SparkSession on `executors` executor JVMs of `cores` task slots each, on loopback, with
+    the Spark settings `conf` on top."""
+    reason = spark_missing()
     if reason:
         engine_unavailable(reason)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -36,7 +38,10 @@ def start_spark(executors: int = 2, cores: int = 1, app: str = "khorovod-tests")
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
-    return (SparkSession.builder.master(f"local-cluster[{executors},{cores},1024]").appName(app)
+    builder = SparkSession.builder
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
+    return (builder.master(f"local-cluster[{executors},{cores},1024]").appName(app)
             .config("spark.ui.enabled", "false")
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.sql.shuffle.partitions", "2")

@@ -95,5 +95,48 @@ def test_bad_arguments_fail_before_any_task_starts(spark):
 
     with pytest.raises(ValueError, match="num_proc"):
         horovod.spark.run(_train, num_proc=0)
-    with pytest.raises(NotImplementedError, match="use_mpi"):
-        horovod.spark.run(_train, num_proc=2, use_mpi=True)
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        horovod.spark.run(_train, num_proc=2, use_mpi=True, use_gloo=True)
+    with pytest.raises(ValueError, match="extra_mpi_args"):
+        horovod.spark.run(_train, num_proc=2, extra_mpi_args="--mca btl self")
+
+
+def _ancestors() -> list[str]:
+    """The command lines of this process's ancestors, nearest first."""
+    names, pid = [], os.getppid()
+    while pid > 1:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            names.append(cmdline.read().replace(b"\0", b" ").decode(errors="replace"))
+        with open(f"/proc/{pid}/stat") as stat:
+            pid = int(stat.read().rsplit(")", 1)[1].split()[1])
+    return names
+
+
+def _mpi_train() -> dict:
+    result = _train(1.0)
+    return {**result, "ancestors": _ancestors(), "mpi": os.environ.get("OMPI_COMM_WORLD_SIZE"),
+            "control_secret": "_HOROVOD_SPARK_CONTROL_SECRET" in os.environ}
+
+
+def test_use_mpi_runs_the_ranks_under_mpirun_inside_a_spark_task(spark):
+    import horovod.spark
+
+    out, tag = io.StringIO(), uuid.uuid4().hex
+    results = horovod.spark.run(_mpi_train, num_proc=2, use_mpi=True, env={"KHVD_SPARK_TAG": tag}, stdout=out)
+    assert [(r["rank"], r["size"], r["mpi"], r["sum"]) for r in results] == [(0, 2, "2", 3.0), (1, 2, "2", 3.0)]
+    # Both executors run on this machine: one host, so one MPI daemon hosts both ranks.
+    assert sorted(r["local_rank"] for r in results) == [0, 1] and {r["local_size"] for r in results} == {2}
+    for result in results:  # started by mpirun's daemon, itself started by a Spark task's Python worker
+        ancestors = result["ancestors"]
+        assert any("prted" in name for name in ancestors), ancestors
+        assert any("pyspark" in name for name in ancestors), ancestors
+        assert not result["control_secret"]  # mpirun's agent keeps the driver's store secret
+    assert "hello from rank 1" in out.getvalue()
+    assert not none_left(tag)
+
+
+def test_use_mpi_a_failing_rank_names_itself(spark):
+    import horovod.spark
+
+    with pytest.raises(RuntimeError, match="rank one fails on purpose"):
+        horovod.spark.run(_fail_on_rank_one, num_proc=2, use_mpi=True, stdout=io.StringIO(), stderr=io.StringIO())
