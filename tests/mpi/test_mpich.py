@@ -31,10 +31,12 @@ def test_jobs_run_under_mpich(launcher):
 
 
 def test_output_filename_under_mpich(tmp_path):
-    # Hydra tags lines `[rank] `; the files get the same layout as with Open MPI and Gloo.
+    # Hydra tags what each write() gives `[rank] `; the files get the same layout as with Open MPI
+    # and Gloo. One write per line: with PYTHONUNBUFFERED, print()'s pieces would be tagged apiece.
     result = run_command([str(PYTHON), "-m", "horovod.runner.launch", "--mpi", "-np", "2", "--output-filename",
                           str(tmp_path), "--prefix-output-with-timestamp", str(PYTHON), "-c",
-                          "import horovod.numpy as hvd; hvd.init(); print('hello from', hvd.rank())"], timeout=90)
+                          "import sys, horovod.numpy as hvd; hvd.init(); sys.stdout.write(f'hello from {hvd.rank()}\\n')"],
+                         timeout=90)
     assert result.returncode == 0, result.stdout + result.stderr
     assert [(tmp_path / f"rank.{r}" / "stdout").read_text() for r in range(2)] == ["hello from 0\n", "hello from 1\n"]
     assert re.search(r"^\w{3} \w{3} [ \d]\d [\d:]{8} \d{4}\[1\] hello from 1$", result.stdout, re.M), result.stdout
