@@ -125,7 +125,7 @@ def test_dbfs_local_store_layout(tmp_path):
 def test_read_serialized_keras_model(tmp_path):
     keras = pytest.importorskip("keras")
     from horovod.spark.common.store import LocalStore
-    from horovod.spark.keras.estimator import model_from_bytes, model_to_bytes
+    from horovod.spark.keras.serialization import model_from_bytes, model_to_bytes
 
     store = LocalStore(str(tmp_path))
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])

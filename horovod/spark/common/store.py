@@ -157,7 +157,7 @@ class FilesystemStore(Store):
                                     ) -> str:
         """The Keras model checkpointed at `ckpt_path`, as base64 of its `.keras` file. A checkpoint
         of weights only (`save_weights_only`) is loaded into `model`, which gives the structure."""
-        from horovod.spark.keras.estimator import model_from_bytes, model_to_bytes
+        from horovod.spark.keras.serialization import model_from_bytes, model_to_bytes
 
         data = self.read(ckpt_path)
         if data.startswith(b"\x89HDF"):  # an .h5 file of weights

@@ -22,30 +22,7 @@ from horovod.spark.common.estimator import HorovodEstimator, HorovodModel, Train
 from horovod.spark.common.params import param
 from horovod.spark.common.reader import ShardReader
 from horovod.spark.common.store import checkpoint_file
-
-
-def model_to_bytes(model: Any) -> bytes:
-    """A Keras model as the bytes of its `.keras` file (Keras 3 saves only to a path)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "model.keras")
-        model.save(path)
-        with open(path, "rb") as f:
-            return f.read()
-
-
-def model_from_bytes(data: bytes, compile: bool = True, custom_objects: dict[str, Any] | None = None) -> Any:
-    """The model of `model_to_bytes`; a trained one was compiled with `hvd.DistributedOptimizer`,
-    which Keras finds once `horovod.keras` has registered it. `custom_objects`: the user's own
-    layers, losses, ... by name (the estimator's `custom_objects`)."""
-    import keras
-
-    import horovod.keras  # noqa: F401
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "model.keras")
-        with open(path, "wb") as f:
-            f.write(data)
-        return keras.models.load_model(path, compile=compile, custom_objects=custom_objects)
+from horovod.spark.keras.serialization import model_from_bytes, model_to_bytes
 
 
 @dataclass(frozen=True)
