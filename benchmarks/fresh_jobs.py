@@ -3,6 +3,7 @@
     python benchmarks/fresh_jobs.py --jobs 20                  # 2 ranks, 64 MiB and 4 KiB allreduce
     python benchmarks/fresh_jobs.py --jobs 20 --np 4 --sizes 4K,64M
     python benchmarks/fresh_jobs.py --jobs 10 --variant bound= --variant unbound=HOROVOD_CPU_BINDING=0
+    python benchmarks/fresh_jobs.py --jobs 10 --sizes 64M --systems khorovod,gloo --busy 1
 
 Each job is a fresh `horovodrun` (new processes, new shared-memory segments, new connections)
 running `horovod.benchmarks.worker`: one checked allreduce, warm-up, then `--iters` timed
@@ -13,33 +14,35 @@ cores the rest of the machine kept busy while it ran (from /proc/stat, less the 
 time), how many the host of a virtual machine took (steal), the memory bandwidth of one core
 just before (a 64 MiB copy), and how much slower Python ran on the first two cores at once than
 on each alone, just before and just after (a host that runs a virtual machine's two cores on
-one physical core shows there, and nowhere else): a slow job that shared its cores or its
-memory bus shows there. Single-job benchmarks hide a bimodal machine; this is the one that
+one physical core shows there, and nowhere else), and the round trip of one word bounced between
+the first two cores just before (where the host runs the two cores, sharing a cache or not):
+a slow job that shared its cores or its memory bus shows there. Single-job benchmarks hide a bimodal machine; this is the one that
 shows it. With `--variant NAME=VAR=VALUE,...` (repeated)
 the jobs of the variants alternate, so that a shared machine's load hits them alike (a variant
-may set PYTHONPATH to compare two checkouts).
+may set PYTHONPATH to compare two checkouts). `--systems khorovod,gloo` runs a peer's jobs in
+the same turns; `--busy N` keeps N more processes spinning beside every job, to see how each
+system shares the machine with a data loader or another job.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import mmap
 import os
 import resource
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
-from horovod.benchmarks.__main__ import parse_sizes
+from horovod.benchmarks.__main__ import parse_sizes, run_system
 
 # Keys of a job's conditions beside its sizes (which are positive).
-OTHERS, STOLEN, COPY, TOGETHER = -1, -2, -3, -4
+OTHERS, STOLEN, COPY, TOGETHER, ROUND_TRIP = -1, -2, -3, -4, -5
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -117,26 +120,71 @@ def children_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def one_job(np_: int, sizes: list[int], iters: int, env: dict[str, str]) -> dict[int, float]:
-    """Median seconds per allreduce, per size, of one fresh job; and what the machine was like
-    meanwhile: OTHERS, the cores everything else kept busy (busy time not the job's, over the wall
-    time), STOLEN, the cores the host took from this machine, COPY, the memory bandwidth just before."""
-    copy, before = copy_gbps(), together_slowdown()
-    start, (busy, stolen), ours = time.perf_counter(), cpu_seconds(), children_seconds()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "result.json"
-        cmd = [sys.executable, "-m", "horovod.runner.launch", "-np", str(np_), sys.executable, "-m",
-               "horovod.benchmarks.worker", "--system", "khorovod", "--ops", "allreduce",
-               "--sizes", ",".join(map(str, sizes)), "--seconds", "0", "--min-iters", str(iters),
-               "--max-iters", str(iters), "--warmup", "5", "--out", str(out)]
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, **env})
-        if done.returncode != 0 or not out.exists():
-            raise RuntimeError(f"job failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-        rows = json.loads(out.read_text())["ops"]["allreduce"]
-    wall, (busy_end, stolen_end) = time.perf_counter() - start, cpu_seconds()
-    others = (busy_end - busy - (children_seconds() - ours)) / wall
-    return {**{row["bytes"]: row["median_s"] for row in rows}, OTHERS: max(others, 0.0),
-            STOLEN: (stolen_end - stolen) / wall, COPY: copy, TOGETHER: max(before, together_slowdown())}
+def core_round_trip_us(trips: int = 20_000) -> float:
+    """One word bounced between the first two cores through shared memory, by two pinned
+    processes: the cost of a cache line crossing between the cores and back, in microseconds.
+    A virtual machine's host decides where its cores run (sharing a cache or not), invisibly from
+    inside; this is where that shows."""
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    if len(cores) < 2:
+        return 0.0
+    cell = np.frombuffer(mmap.mmap(-1, 64), np.int64)  # shared with the forked child
+    pid = os.fork()
+    if pid == 0:  # the child answers every odd value with the next even one
+        try:
+            os.sched_setaffinity(0, {cores[1]})
+            for n in range(1, 2 * trips, 2):
+                while cell[0] != n:
+                    pass
+                cell[0] = n + 1
+        finally:
+            os._exit(0)
+    try:
+        os.sched_setaffinity(0, {cores[0]})
+        start = time.perf_counter()
+        for n in range(0, 2 * trips, 2):
+            cell[0] = n + 1
+            while cell[0] != n + 2:
+                pass
+        return (time.perf_counter() - start) / trips * 1e6
+    finally:
+        os.sched_setaffinity(0, set(range(os.cpu_count() or 1)))
+        os.waitpid(pid, 0)
+
+
+def busy_processes(count: int) -> list[subprocess.Popen]:
+    """`count` processes that keep a core busy, as a data loader or a second job would."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
+def one_job(system: str, np_: int, sizes: list[int], iters: int, env: dict[str, str], busy: int) -> dict[int, float]:
+    """Median seconds per allreduce, per size, of one fresh job of `system`; and what the machine
+    was like meanwhile: OTHERS, the cores everything else kept busy (busy time not the job's, over
+    the wall time; the busy processes we start count), STOLEN, the cores the host took from this
+    machine, COPY, the memory bandwidth just before, TOGETHER, two cores' Python at once against
+    alone, ROUND_TRIP, the core-to-core round trip just before."""
+    copy, before, trip = copy_gbps(), together_slowdown(), core_round_trip_us()
+    args = argparse.Namespace(np=np_, hosts=None, huge_pages="off", mpirun_args="", warmup=5,
+                              min_iters=iters, timeout=600)
+    saved = dict(os.environ)
+    os.environ.update(env)
+    hogs = busy_processes(busy)
+    start, (busy_s, stolen), ours = time.perf_counter(), cpu_seconds(), children_seconds()
+    try:
+        result = run_system(system, args, ["allreduce"], sizes, 0.0, iters)
+        wall, (busy_end, stolen_end), job_cpu = time.perf_counter() - start, cpu_seconds(), children_seconds() - ours
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+        os.environ.clear()
+        os.environ.update(saved)
+    if "error" in result:
+        raise RuntimeError(result["error"])
+    others = (busy_end - busy_s - job_cpu) / wall
+    return {**{row["bytes"]: row["median_s"] for row in result["ops"]["allreduce"]}, OTHERS: max(others, 0.0),
+            STOLEN: (stolen_end - stolen) / wall, COPY: copy, TOGETHER: max(before, together_slowdown()),
+            ROUND_TRIP: trip}
 
 
 def spread(values: list[float]) -> tuple[float, float, float]:
@@ -149,21 +197,28 @@ def main() -> None:
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--sizes", default="4K,64M")
     parser.add_argument("--iters", type=int, default=30, help="timed allreduces per size and job")
+    parser.add_argument("--systems", default="khorovod",
+                        help="comma-separated: khorovod, khorovod:mpi, gloo, mpi (as python -m horovod.benchmarks); "
+                             "their jobs alternate")
+    parser.add_argument("--busy", type=int, default=0,
+                        help="processes that keep a core busy during every job (a data loader, a second job)")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=VAR=VALUE,...",
-                        help="a variant of the job's environment; the variants' jobs alternate")
+                        help="a variant of khorovod's environment; the variants' jobs alternate")
     args = parser.parse_args()
     sizes = parse_sizes(args.sizes)
-    variants = dict(parse_variant(v) for v in args.variant) or {"khorovod": {}}
-    per_job: dict[str, list[dict[int, float]]] = {name: [] for name in variants}
+    variants = dict(parse_variant(v) for v in args.variant) or {"": {}}
+    runs = [(f"{system} {name}".strip(), system, env) for system in args.systems.split(",")
+            for name, env in (variants.items() if system.startswith("khorovod") else [("", {})])]
+    per_job: dict[str, list[dict[int, float]]] = {label: [] for label, _, _ in runs}
     load = [os.getloadavg()[0]]
     for i in range(args.jobs):
-        for name, env in (list(variants.items()) if i % 2 == 0 else reversed(variants.items())):
-            per_job[name].append(one_job(args.np, sizes, args.iters, env))
+        for label, system, env in (runs if i % 2 == 0 else reversed(runs)):
+            per_job[label].append(one_job(system, args.np, sizes, args.iters, env, args.busy))
     load.append(os.getloadavg()[0])
-    print(f"{args.jobs} fresh jobs per variant, {args.np} ranks, {args.iters} timed allreduces per size and job, "
-          f"load average {load[0]:.1f} -> {load[1]:.1f}")
-    for name, jobs in per_job.items():
-        report(name, jobs, sizes, 2 * (args.np - 1) / args.np)
+    print(f"{args.jobs} fresh jobs per system, {args.np} ranks, {args.iters} timed allreduces per size and job, "
+          f"{args.busy} busy processes beside each job, load average {load[0]:.1f} -> {load[1]:.1f}")
+    for label, jobs in per_job.items():
+        report(label, jobs, sizes, 2 * (args.np - 1) / args.np)
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:
@@ -184,11 +239,11 @@ def report(name: str, per_job: list[dict[int, float]], sizes: list[int], factor:
             print(f"| {size >> 10} KiB | {low:.0f} / {mid:.0f} / {high:.0f} us | {mid / high:.2f}x |")
     print("per job (size: median; cores other processes kept busy and cores stolen by the host during the job; "
           "memory copy GB/s just before; how much slower Python ran on two cores at once than alone, the "
-          "worse of just before and just after):")
+          "worse of just before and just after; a core-to-core round trip just before):")
     for i, job in enumerate(per_job):
         print(f"  job {i:2d}: " + ", ".join(f"{s}: {job[s] * 1e6:.0f} us" for s in sizes)
               + f"; others {job[OTHERS]:.2f} cores, stolen {job[STOLEN]:.2f}, copy {job[COPY]:.1f} GB/s, "
-              f"together {job[TOGETHER]:.2f}x")
+              f"together {job[TOGETHER]:.2f}x, round trip {job[ROUND_TRIP]:.2f} us")
 
 
 if __name__ == "__main__":

@@ -56,3 +56,39 @@ def test_processes_placed_already_or_with_binding_off_stay_where_they_are(before
         assert values["total"] == [2.0] * 4
         if not before:
             assert values["bound"] == sorted(os.sched_getaffinity(0))
+
+
+SHARED_CORE = r'''
+import os, subprocess, sys, time
+import numpy as np
+import horovod.numpy as hvd
+hvd.init()
+bound = sorted(os.sched_getaffinity(0))
+# Another job's busy process, put by the kernel on this rank's core.
+hog = subprocess.Popen([sys.executable, "-c", "import os; os.sched_setaffinity(0, %r); exec('while True: pass')" % (bound,)])
+try:
+    end, ok, going = time.monotonic() + 3.0, True, True
+    while going:  # the same number of ops on both ranks: both go on while both want to
+        ok &= hvd.allreduce(np.full(1024, hvd.rank() + 1.0), op=hvd.Sum).tolist() == [3.0] * 1024
+        going = bool(hvd.allreduce(np.array([float(time.monotonic() < end)]), op=hvd.Min)[0])
+    during = sorted(os.sched_getaffinity(0))
+finally:
+    hog.kill()
+    hog.wait()
+hvd.shutdown()
+report(bound=bound, during=during, ok=ok)
+'''
+
+
+def test_a_rank_whose_core_is_shared_with_a_busy_process_is_left_to_the_kernel() -> None:
+    """A bound rank cannot move away from another job's busy process on its core, and its peer
+    waits for it at every step: once it has waited to run for a quarter of the time, its binding
+    goes (the results stay exact)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) != os.cpu_count() or len(cores) < 2:
+        pytest.skip("this test process is already placed on some of the cores, or there is one core")
+    result = hvdrun(SHARED_CORE).check()
+    for r in (0, 1):
+        values = result.ranks[r]
+        assert values["ok"] and len(values["bound"]) < len(cores)
+        assert values["during"] == cores  # released: the kernel may move it away from the busy process

@@ -20,7 +20,7 @@ def test_spins_while_waits_are_short_and_stops_while_they_are_long() -> None:
         checks += 1
         return False
 
-    assert policy.spin(never, SPIN_SECONDS) is False and checks == 0  # sleeps at once, no spin
+    assert policy.spin(never, SPIN_SECONDS, yield_core=False) is False and checks == 0  # sleeps at once, no spin
 
 
 def test_slept_waits_that_were_short_bring_spinning_back_within_a_few_waits() -> None:
@@ -52,7 +52,7 @@ def test_disabled_never_spins_and_spin_ends_when_the_condition_holds() -> None:
         looks += 1
         return looks >= 2
 
-    assert policy.spin(second_look, SPIN_SECONDS) is True and looks == 2  # even if a yield outlasts the budget
+    assert policy.spin(second_look, SPIN_SECONDS, yield_core=True) is True and looks == 2  # even if a yield outlasts the budget
     start = time.perf_counter()
-    assert policy.spin(lambda: False, SPIN_SECONDS) is False
+    assert policy.spin(lambda: False, SPIN_SECONDS, yield_core=False) is False
     assert time.perf_counter() - start >= SPIN_SECONDS

@@ -49,14 +49,21 @@ class SpinPolicy:
         """Learn from a wait that had to wait at all (however it ended) and took `seconds`."""
         self.hits += ((seconds <= limit) - self.hits) * _NEWEST_WEIGHT
 
-    def spin(self, done: Callable[[], bool], limit: float) -> bool:
-        """Spin on `done` for up to our budget; True if it came true meanwhile."""
+    def spin(self, done: Callable[[], bool], limit: float, yield_core: bool) -> bool:
+        """Spin on `done` for up to our budget; True if it came true meanwhile.
+
+        `yield_core`: offer the core between looks, where something of ours may need it (a thread
+        that spins beside the framework's compute, or ranks that may share a core). Elsewhere not:
+        the kernel hands a yielded core to any other runnable process for a whole time slice
+        (milliseconds), so a rank that yields on a core shared with another job waits that long
+        for a peer that answered in microseconds."""
         budget = self.budget(limit)
         if budget:
             end = time.perf_counter() + budget
             while time.perf_counter() < end:
                 if done():
                     return True
-                os.sched_yield()
+                if yield_core:
+                    os.sched_yield()
             return done()  # it may have come true while another thread had the core
         return False

@@ -11,16 +11,36 @@ ranks to cores, takes that decision away from the phase of the job's first opera
 
 Only done where nobody placed the process already (its affinity is every core of the machine)
 and every local rank can have a core; `HOROVOD_CPU_BINDING=0` turns it off. The original
-affinity comes back when the transport closes.
+affinity comes back when the transport closes, or as soon as the rank turns out to share its
+core with other work (a data loader, another job): a bound rank cannot move away from a busy
+process that the kernel put on its core, and its peers wait for it at every step, so from then
+on the kernel places it.
 """
 
 from __future__ import annotations
 
 import os
+import threading
+import time
 
+from horovod.common.logging import log
 from horovod.common.partition import even_counts, offsets
 
 _TASKS = "/proc/self/task"
+# How often a bound rank looks at how long it waited to run, and the share of that time beyond
+# which its core counts as shared with other work.
+_REVIEW_SECONDS = 0.5
+_CONTENDED = 0.25
+
+
+def run_delay_seconds() -> float | None:
+    """How long the calling thread has been runnable without running (the kernel's schedstat),
+    or None where the kernel does not say."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _set_all_threads(cpus: set[int]) -> None:
@@ -42,6 +62,8 @@ class CoreShare:
     def __init__(self) -> None:
         self.cpus: set[int] | None = None  # our share while bound
         self._original: set[int] | None = None
+        self._next_review = 0.0  # when `contended` looks next (0: not bound)
+        self._sample: tuple[int, float, float] | None = None  # (thread, run delay, time) at the last look
 
     def bind(self, index: int, local_size: int) -> set[int] | None:
         """Restrict this process to local rank `index`'s share of the cores; the share, or None
@@ -55,10 +77,34 @@ class CoreShare:
         start = offsets(counts)[index]
         self._original, self.cpus = set(allowed), set(allowed[start: start + counts[index]])
         _set_all_threads(self.cpus)
+        self._next_review = time.monotonic() + _REVIEW_SECONDS
         return self.cpus
+
+    def contended(self) -> bool:
+        """Called as operations run: True once, when this bound rank has waited to run for more
+        than `_CONTENDED` of the time since the last look (other work shares its core); the
+        binding is released then. Looks at most every `_REVIEW_SECONDS`."""
+        if not self._next_review or time.monotonic() < self._next_review:
+            return False
+        now, delay, thread = time.monotonic(), run_delay_seconds(), threading.get_native_id()
+        if delay is None:
+            self._next_review = 0.0  # the kernel does not say: stay bound
+            return False
+        self._next_review = now + _REVIEW_SECONDS
+        previous, self._sample = self._sample, (thread, delay, now)
+        if previous is None or previous[0] != thread:
+            return False
+        share = (delay - previous[1]) / (now - previous[2])
+        if share <= _CONTENDED:
+            return False
+        log.info("placement: this rank waited to run %.0f%% of the last %.1f s (its core is shared with "
+                 "other work); the kernel places it from now on", 100 * share, now - previous[2])
+        self.release()
+        return True
 
     def release(self) -> None:
         """Give the process back the cores it had before `bind`."""
         if self._original is not None:
             _set_all_threads(self._original)
             self._original = self.cpus = None
+            self._next_review, self._sample = 0.0, None

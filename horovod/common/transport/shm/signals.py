@@ -92,6 +92,8 @@ class Signals:
         self.timeout = peer_timeout
         self.may_spin = may_spin  # spinning only helps while every local rank has a core
         self.spin = BACKGROUND_SPIN_SECONDS  # the longest spin now (longer while a caller drives)
+        self.own_core = False  # this rank runs on cores of its own (placement bound it)
+        self._driven = False
         self._spin_policy = SpinPolicy(may_spin)
         self._poll: select.poll | None = None
         self._fd_rank: dict[int, int] = {}
@@ -147,7 +149,10 @@ class Signals:
         if counter[me] >= target:
             return
         start = time.perf_counter()
-        if not self._spin_policy.spin(lambda: counter[me] >= target, self.spin):
+        # Offer the core while we spin unless it is ours alone and a caller drives (the engine
+        # thread spins beside the framework's compute; unplaced ranks may share a core).
+        yield_core = not (self.own_core and self._driven)
+        if not self._spin_policy.spin(lambda: counter[me] >= target, self.spin, yield_core):
             self._sleep_until(q, kind, counter, target)
         self._spin_policy.record(time.perf_counter() - start, self.spin)
 
@@ -204,6 +209,7 @@ class Signals:
         """A framework thread drives the engine (on) or no longer does; when it stops, True if a
         message arrived meanwhile that nobody has read (the engine thread must be woken)."""
         self.mine.header[DRIVEN] = int(on)
+        self._driven = on
         self.spin = SPIN_SECONDS if on else BACKGROUND_SPIN_SECONDS
         if on:
             return False

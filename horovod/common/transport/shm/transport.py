@@ -74,7 +74,7 @@ class ShmTransport(Transport):
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         signals = self.signals = Signals(host, self.tcp, peer_timeout, may_spin=len(self.local_ranks) <= cpus)
         if bind:
-            self.cores.bind(host.me, len(self.local_ranks))
+            signals.own_core = self.cores.bind(host.me, len(self.local_ranks)) is not None
         self.mailbox = Mailbox(host, signals, self.tcp)
         self.shm = Collectives(host, signals)
         signals.attach()
@@ -100,6 +100,8 @@ class ShmTransport(Transport):
         if len(group) == 1 or buf.size == 0:
             scale_in_place(buf, postscale)
         elif self._route(group)[0] is self.shm:
+            if self.cores.contended():
+                self.signals.own_core = False
             self.shm.allreduce(group, buf, op, postscale)
         else:
             self.tcp.allreduce_scaled(group, buf, op, postscale)
