@@ -3,7 +3,7 @@
     horovodrun --mpi -np 2 python benchmarks/mpi_overhead.py --sizes 4,1M,16M
     horovodrun --mpi -np 4 python benchmarks/mpi_overhead.py --sizes 1M --iters 300
 
-Fresh jobs started minutes apart differ more than the gap we look for (docs/performance.md), so
+Fresh jobs started minutes apart differ more than the gap we look for (docs/engineering-notes.md), so
 everything here is taken in one job, in turns, iteration by iteration:
 - side by side, a barrier before each call: a raw mpi4py `Allreduce` on numpy memory and on the
   torch tensor's memory, the MPI transport's own `allreduce` (Sum; no engine), and

@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]  # where our `horovod` package lives 
 LATENCY_SIZES = [4, 4096]
 # Transparent huge pages for every buffer of every system, or none: numpy asks the kernel for them
 # on its own (arrays of 4 MiB and more), torch only when THP_MEM_ALLOC_ENABLE=1. Huge pages alone
-# change a large allreduce's speed (docs/performance.md), so systems compare on the same memory.
+# change a large allreduce's speed (docs/engineering-notes.md), so systems compare on the same memory.
 HUGE_PAGES = {"on": "1", "off": "0"}
 QUICK_SIZES = [4096, 65536, 1 << 20]
 

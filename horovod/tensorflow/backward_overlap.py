@@ -22,7 +22,7 @@ may be summed in another order, as between any two runs whose fusion differs).
 When: `HOROVOD_TF_OVERLAP_BACKWARD=1` always, `0` never (`Settings.tf_overlap_backward`); unset,
 where a rank has two cores of its own or more (`cores_per_rank`), as the torch hooks decide.
 Below two cores (2 ranks on this 2-core machine) Keras `fit` with one node was 7-26% faster than
-overlapped in the quiet jobs of docs/performance.md (our reading, not profiled here:
+overlapped in the quiet jobs of docs/engineering-notes.md (our reading, not profiled here:
 the engine's work and the early submissions take the core from backward, as profiled for the
 torch hooks). Eager code and TF1 sessions are as before: eagerly, backward has finished
 before a gradient is seen; a session already submits without waiting (`_session_node`).

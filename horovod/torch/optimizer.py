@@ -19,7 +19,7 @@ machine), overlapping gains nothing: reducing is memory copies and sums that tak
 from backward, and each allreduce then needs the peer's engine thread to get its core at the
 same moment, so it waits on the scheduler. There the hooks only mark the gradients ready and
 the end of backward submits them all at once from the thread that then drives the reduction
-itself (measured in docs/performance.md). The sums are the same; only when they run changes.
+itself (measured in docs/engineering-notes.md). The sums are the same; only when they run changes.
 Gradients on a GPU always overlap: their allreduce is queued on NCCL's stream as each bucket
 fills, as DDP's buckets are, and `step()` waits on its events, not on the host.
 `HOROVOD_TORCH_OVERLAP_BACKWARD` overrides that rule (`Settings.torch_overlap_backward`, a

@@ -159,3 +159,26 @@ def test_fusion_cutoff_benchmark_times_both_ways_for_every_size():
     rows = re.findall(r"^\[0\]<stdout>:\s+(\d+)K\s+(\d+)\s+(\d+)\s+([\d.]+)$", proc.stdout, re.M)
     assert [row[0] for row in rows] == ["4", "512"], proc.stdout
     assert all(int(packed) > 0 and int(alone) > 0 for _, packed, alone, _ in rows), rows
+
+
+def test_docs_plots_draw_only_figures_recorded_in_the_docs(tmp_path):
+    # benchmarks/docs_plots.py: the plots of docs/performance.md that gather several runs, drawn from
+    # the figures its tables record; every figure it plots must be one the docs give.
+    pytest.importorskip("matplotlib")
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import docs_plots
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    recorded = (REPO / "docs" / "performance.md").read_text() + (REPO / "docs" / "engineering-notes.md").read_text()
+    figures = [v for _, _, jobs in docs_plots.TRAINING for v in jobs]
+    figures += [v for ratios in docs_plots.MPI_RATIOS.values() for triple in ratios for v in triple if v is not None]
+    figures += [v for times in docs_plots.NCCL_TIMES_US.values() for v in times]
+    unrecorded = [v for v in figures if not re.search(rf"(?<![\d.]){re.escape(str(v))}", recorded)]
+    assert not unrecorded, f"plotted but not in docs/performance.md or docs/engineering-notes.md: {unrecorded}"
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "docs_plots.py"), "--out-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, env=child_env(), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for name in ("training", "mpi", "gpu"):
+        png = tmp_path / f"performance-{name}.png"
+        assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"

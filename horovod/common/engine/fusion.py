@@ -7,7 +7,7 @@ tensor's bytes (into the fusion buffer and back out), which on the host is worth
 it is cheaper than a transport call of the tensor's own. On a GPU those passes are device copies
 at terabytes per second while every NCCL call costs its latency, so device responses fuse up to
 the threshold whatever their size. Measured at 2 ranks, 8 tensors per grouped allreduce
-(`benchmarks/fusion_cutoff.py`; docs/performance.md, "One cycle per step"): packed takes 0.81-0.90x the time
+(`benchmarks/fusion_cutoff.py`; docs/engineering-notes.md, "One cycle per step"): packed takes 0.81-0.90x the time
 of one by one at 16-64 KiB on shared memory (0.59-0.65x over TCP) and 0.97-1.03x at 256 KiB;
 at 1 MiB 1.07-1.10x on shared memory and 1.61-1.74x over TCP, at 4 MiB 1.65x and 1.76-1.85x.
 """

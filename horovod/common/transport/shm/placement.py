@@ -6,7 +6,7 @@ sleep, run the reader here". Its wake-affine placement then pulls the two ranks 
 and as long as they keep waking each other they stay there, one running while the other waits:
 a job that started that way ran at a fraction of its speed to the end (measured on the 2-core
 development machine: both ranks of a slow job sat on the same core for every operation; see
-docs/performance.md). Giving each local rank its own share of the cores, as `mpirun` binds
+docs/engineering-notes.md). Giving each local rank its own share of the cores, as `mpirun` binds
 ranks to cores, takes that decision away from the phase of the job's first operations.
 
 Only done where nobody placed the process already (its affinity is every core of the machine)
