@@ -229,3 +229,41 @@ def test_horovod_messages_are_marked_and_point_at_ours():
 def test_every_entry_heading_is_unique():
     anchors = [section.anchor for section in sections()]
     assert len(anchors) == len(set(anchors)), sorted(a for a in anchors if anchors.count(a) > 1)
+
+
+# Warnings that only say something about the job's own plumbing, with why no user needs an entry.
+INTERNAL_WARNINGS = {
+    "rendezvous: dropped": "a malformed request to the store; its sender gets an error of its own",
+    "timeline: dropped event": "an event the timeline could not format; the file stays valid",
+}
+
+
+def _warning_texts() -> list[tuple[str, list[str]]]:
+    """(where, fixed fragments) of each `warnings.warn(...)` and `log.warning(...)` text."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args
+                    and (node.func.attr == "warning" or (node.func.attr == "warn"
+                                                         and isinstance(node.func.value, ast.Name)
+                                                         and node.func.value.id == "warnings"))):
+                continue
+            first = node.args[0]
+            parts = ([v.value for v in first.values if isinstance(v, ast.Constant)] if isinstance(first, ast.JoinedStr)
+                     else [first.value] if isinstance(first, ast.Constant) and isinstance(first.value, str) else [])
+            pieces = [p.strip(TRIM) for part in parts for p in re.split(r"%[-#0-9.]*[sdrgfx]", part)]
+            pieces = [piece for piece in pieces if len(piece) >= 10]
+            if pieces:  # none: "%s" or "rank %d: %s", whose text comes from elsewhere (and is quoted there)
+                found.append((f"{path.relative_to(REPO)}:{node.lineno}", pieces))
+    return found
+
+
+def test_every_warning_the_package_gives_has_an_entry():
+    quoted = "\n".join(quote.text for quote in all_messages())
+    texts = _warning_texts()
+    assert len(texts) >= 20, texts
+    # An entry may elide the end of a long warning: the start of one of its fragments is enough.
+    undocumented = [(where, pieces[0]) for where, pieces in texts
+                    if not any(piece[:40] in quoted for piece in pieces)
+                    and not any(piece.startswith(key) for piece in pieces for key in INTERNAL_WARNINGS)]
+    assert not undocumented, f"warnings with no entry in docs/troubleshooting.md: {undocumented}"
