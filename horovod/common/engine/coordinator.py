@@ -44,17 +44,17 @@ def validate(name: str, requests: dict[int, Request], members: tuple[int, ...], 
     def differ(what: str, get: Callable[[Request], object], advice: str) -> str:
         values = {rank: get(req) for rank, req in reqs.items()}
         if len(set(map(str, values.values()))) > 1:
-            return f"{op_name} {name}: mismatched {what} ({_describe(values)}). {advice}"
+            return f"{op_name} {name}: {what} ({_describe(values)}). {advice}"
         return ""
 
-    message = differ("operations", lambda r: OpType(r.op_type).name,
+    message = differ("mismatched operations", lambda r: OpType(r.op_type).name,
                      "Every rank must call the same collective for the same tensor name.")
     if message:
         return message
-    message = differ("data types", lambda r: r.dtype, "Cast the tensor to the same dtype on every rank.")
+    message = differ("mismatched data types", lambda r: r.dtype, "Cast the tensor to the same dtype on every rank.")
     if message:
         return message
-    message = differ("CPU/GPU device selection", lambda r: "GPU" if r.device >= 0 else "CPU",
+    message = differ("mismatched CPU/GPU device selection", lambda r: "GPU" if r.device >= 0 else "CPU",
                      "Every rank must pass the tensor in the same kind of memory (all on CPU, or all on GPU).")
     if message:
         return message
@@ -63,23 +63,23 @@ def validate(name: str, requests: dict[int, Request], members: tuple[int, ...], 
         return (f"{op_name} {name}: not supported while ranks {joined} have called join(); only allreduce "
                 "can run with joined ranks. Call join() after the last collective of this kind.")
     if first.op_type in (OpType.ALLREDUCE, OpType.BROADCAST, OpType.REDUCESCATTER, OpType.ADD_PROCESS_SET):
-        message = differ(f"{op_name} tensor shapes", lambda r: _shape_str(r.shape),
+        message = differ(f"mismatched {op_name} tensor shapes", lambda r: _shape_str(r.shape),
                          "Every rank must pass a tensor of the same shape.")
     if not message and first.op_type in (OpType.ALLREDUCE, OpType.REDUCESCATTER):
-        message = (differ("reduction operations", lambda r: OP_NAMES.get(r.reduce_op, r.reduce_op),
+        message = (differ("mismatched reduction operations", lambda r: OP_NAMES.get(r.reduce_op, r.reduce_op),
                           "Pass the same op= on every rank.")
-                   or differ("prescale and/or postscale factors", lambda r: (r.prescale, r.postscale),
+                   or differ("mismatched prescale and/or postscale factors", lambda r: (r.prescale, r.postscale),
                              "Pass the same prescale_factor/postscale_factor on every rank."))
     if not message and first.op_type == OpType.BROADCAST:
-        message = differ("root ranks", lambda r: r.root_rank, "Pass the same root_rank on every rank.")
+        message = differ("mismatched root ranks", lambda r: r.root_rank, "Pass the same root_rank on every rank.")
     if not message and first.op_type in (OpType.ALLGATHER, OpType.ALLTOALL):
-        message = differ("number of dimensions", lambda r: len(r.shape),
+        message = differ("mismatched number of dimensions", lambda r: len(r.shape),
                          "Tensors may differ only in their first dimension.")
         if not message:
             if len(first.shape) == 0:
                 return (f"{op_name} {name}: tensors have rank zero; {op_name.lower()} concatenates along "
                         "the first dimension, so reshape scalars to shape [1].")
-            message = differ("trailing dimensions (all but the first)", lambda r: _shape_str(r.shape[1:]),
+            message = differ("mismatched trailing dimensions (all but the first)", lambda r: _shape_str(r.shape[1:]),
                              "Tensors may differ only in their first dimension.")
     return message
 
