@@ -18,7 +18,7 @@ from horovod.common import basics
 from horovod.common.device import events
 from horovod.common.device.buffers import Buffer, DeviceBuffer, device_of
 from horovod.common.engine.handles import Entry, Handle
-from horovod.common.engine.messages import OpType, Request
+from horovod.common.engine.messages import OpType, Request, anonymous_name
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.partition import block_size
 from horovod.common.process_sets import ProcessSet, global_process_set
@@ -35,7 +35,7 @@ class Waitable(Protocol):
 
 
 def _op_name(prefix: str, name: str | None, rt: basics.Runtime, process_set: ProcessSet) -> str:
-    return f"{prefix}.{name}" if name else f"{prefix}.noname.{rt.next_anonymous_id(process_set)}"
+    return f"{prefix}.{name}" if name else anonymous_name(prefix, rt.next_anonymous_id(process_set))
 
 
 def _group_names(prefix: str, name: str | None, count: int, rt: basics.Runtime,

@@ -109,7 +109,7 @@ def register_static(process_sets: Sequence[ProcessSet] | None, size: int,
 
 def check_static_sets_agree(transport: Exchanger, sets: list[ProcessSet]) -> None:
     """Static sets must be identical everywhere; say which ranks differ instead of hanging later."""
-    mine = [tuple(ps.ranks) for ps in sets[1:]]
+    mine = tuple(tuple(ps.ranks) for ps in sets[1:])
     everyone = [wire.decode(p) for p in transport.exchange(list(range(transport.size)), wire.encode(mine))]
     if any(theirs != mine for theirs in everyone):
         detail = "; ".join(f"rank {r}: {sets_}" for r, sets_ in enumerate(everyone))

@@ -139,3 +139,26 @@ def test_ranks_may_submit_in_different_orders(np_, env):
     result = hvdrun(ORDERS, np=np_, env=env).check()
     for _, values in result.every_rank(np_):
         assert values == {"all_ok": True, "count": 40}
+
+
+UNNAMED = r'''
+import numpy as np
+import horovod.numpy as hvd
+hvd.init()
+r = hvd.rank()
+ok = all(hvd.allreduce(np.full(3, r + i, np.float32), op=hvd.Sum).tolist() == [1.0 + 2 * i] * 3 for i in range(40))
+# A metric averaged every step, as Horovod's examples do without a name, while named tensors repeat.
+for step in range(40):
+    ok &= hvd.allreduce(np.array([float(r)]))[0] == 0.5
+    ok &= hvd.allreduce(np.full(2, step, np.float32), name="grad", op=hvd.Sum).tolist() == [2.0 * step] * 2
+report(ok=bool(ok))
+'''
+
+
+def test_unnamed_ops_never_fill_the_response_cache():
+    """Unnamed ops get a new name each (matched by order across ranks): remembering them would only
+    evict the named tensors of a training step, and warn that the cache is too small."""
+    result = hvdrun(UNNAMED, np=2, env={"HOROVOD_CACHE_CAPACITY": "4"}).check()
+    for _, values in result.every_rank(2):
+        assert values == {"ok": True}
+    assert "response cache is full" not in result.stdout + result.stderr

@@ -56,10 +56,20 @@ def test_inputs_that_once_crashed_a_target_are_handled(name: str, data: bytes) -
 
 
 def test_a_message_cannot_make_the_decoder_allocate_gigabytes() -> None:
-    with pytest.raises(wire.WireError, match="memo index 875903285"):
-        wire.decode(b")r5954")  # an empty tuple, stored at memo index 875,903,285
-    message = ("put", "s", "r\x00\x00\x00\x01" * 100, b"r1234" * 1000)  # bytes that look like one, inside values
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for data in (b")r5954",  # pickle: an empty tuple stored at memo index 875,903,285 (once 4 GB)
+                 b"\x80\x05Np999999999\n.",  # pickle: None stored at memo index 999,999,999 (PUT)
+                 b"\xdd\xff\xff\xff\xff",  # an array of 4,294,967,295 items in 5 bytes
+                 b"\xdb\xff\xff\xff\xffabc"):  # a string of 4 GiB in 8 bytes
+        with pytest.raises(wire.WireError, match="malformed message"):
+            wire.decode(data)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 64 * 1024  # KiB: nothing grew
+    message = ("put", "s", "r\x00\x00\x00\x01" * 100, b"r1234" * 1000, {"k": (1, 2.5, None, True)})
     assert wire.decode(wire.encode(message)) == message
+    with pytest.raises(wire.WireError, match="extension type"):
+        wire.decode(b"\xc7\x01\x05a")
 
 
 def test_malformed_elastic_notifications_are_named_as_such() -> None:

@@ -80,9 +80,9 @@ def test_decoder_refuses_objects_that_reference_globals():
     class Evil:
         def __reduce__(self):
             return (print, ("pwned",))
-    with pytest.raises(wire.WireError, match="refused"):
-        wire.decode(pickle.dumps(Evil()))
-    assert wire.decode(wire.encode(("ok", [1, 2.5, b"x", None, {"k": (True,)}]))) == ("ok", [1, 2.5, b"x", None, {"k": (True,)}])
+    with pytest.raises(wire.WireError, match="malformed message"):
+        wire.decode(pickle.dumps(Evil()))  # a pickle is not a message: nothing of it runs
+    assert wire.decode(wire.encode(("ok", [1, 2.5, b"x", None, {"k": (True,)}]))) == ("ok", (1, 2.5, b"x", None, {"k": (True,)}))
 
 
 @settings(max_examples=2000, deadline=None)

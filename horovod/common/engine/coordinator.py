@@ -40,8 +40,12 @@ def validate(name: str, requests: dict[int, Request], members: tuple[int, ...], 
     reqs = dict(sorted(requests.items()))
     first = next(iter(reqs.values()))
     op_name = OpType(first.op_type).name
+    signature = first.signature()
+    alike = all(req.signature() == signature for req in reqs.values())  # the usual case: nothing differs
 
     def differ(what: str, get: Callable[[Request], object], advice: str) -> str:
+        if alike:
+            return ""
         values = {rank: get(req) for rank, req in reqs.items()}
         if len(set(map(str, values.values()))) > 1:
             return f"{op_name} {name}: {what} ({_describe(values)}). {advice}"

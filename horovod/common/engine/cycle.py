@@ -18,7 +18,7 @@ from horovod.common.engine.coordinator import deadlock_message, stall_message
 from horovod.common.engine.executor import Executor
 from horovod.common.engine.fusion import plan_fusion
 from horovod.common.engine.handles import Entry
-from horovod.common.engine.messages import CACHEABLE, OpType, Request, Response
+from horovod.common.engine.messages import CACHEABLE, OpType, Request, Response, is_anonymous
 from horovod.common.engine.readiness import (BLOCKED, FAILED, FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree,
                                               bits, decode_status, encode_status)
 from horovod.common.engine.state import SetState, ShutdownState
@@ -202,7 +202,8 @@ class Cycle:
             requests = [e.request.to_wire() for e in misses] + ([join_request.to_wire()] if join_request else [])
             fatal, slow = self._slow_path(state, wire.encode(requests))
             for response in slow:
-                if response.op_type in CACHEABLE and not response.error and self.tunables.cache_enabled:
+                if (response.op_type in CACHEABLE and not response.error and self.tunables.cache_enabled
+                        and not is_anonymous(response.names[0])):
                     entry = state.waiting.get(response.names[0])
                     cache.put(response, entry.request.signature() if entry else None)
             responses.extend(slow)

@@ -1,13 +1,14 @@
 """What ranks tell the coordinator (Request) and what it decides (Response).
 
-Both are plain records (a named tuple and a dataclass) that travel as tuples (see
-`wire.encode`), so a message can only ever decode into these fields.
+Both are plain records (a named tuple and a dataclass) that travel as tuples of plain values
+(see `wire.encode`), so a message can only ever decode into these fields.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import astuple, dataclass, field
+import re
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 
@@ -28,11 +29,19 @@ class OpType(enum.IntEnum):
 # Responses the cache may remember: they repeat every step of a training loop.
 CACHEABLE = frozenset({OpType.ALLREDUCE, OpType.ALLGATHER, OpType.BROADCAST, OpType.ALLTOALL,
                        OpType.REDUCESCATTER})
+_ANONYMOUS = re.compile(r"[a-z_]+\.noname\.\d+")
 
 
-def _plain(item: tuple) -> tuple:
-    """Enum members become plain ints: the wire decoder refuses anything but builtin values."""
-    return tuple(int(v) if isinstance(v, enum.IntEnum) else v for v in item)
+def anonymous_name(prefix: str, number: int) -> str:
+    """The name of the `number`-th op its process set ran without a name (ranks match such ops by
+    order, as Horovod does)."""
+    return f"{prefix}.noname.{number}"
+
+
+def is_anonymous(name: str) -> bool:
+    """A name `anonymous_name` made: it never comes back, so its response is not worth caching
+    (every rank decides this from the name alone, so the caches stay alike)."""
+    return _ANONYMOUS.fullmatch(name) is not None
 
 
 class Request(NamedTuple):
@@ -52,7 +61,7 @@ class Request(NamedTuple):
     device: int = -1  # the CUDA device ordinal of the tensor's memory; -1: host memory
 
     def to_wire(self) -> tuple:
-        return _plain(self)
+        return tuple(self)
 
     @classmethod
     def from_wire(cls, item: tuple) -> "Request":
@@ -92,7 +101,9 @@ class Response:
     on_device: int = 0
 
     def to_wire(self) -> tuple:
-        return _plain(astuple(self))
+        return (self.op_type, self.names, self.dtype, self.shapes, self.first_dims, self.splits, self.root_rank,
+                self.reduce_op, self.prescale, self.postscale, self.error, self.last_joined_rank,
+                self.process_set_ranks, self.on_device)
 
     @classmethod
     def from_wire(cls, item: tuple) -> "Response":

@@ -60,10 +60,10 @@ def decode_status(data: bytes) -> tuple[int, int, int, list[str]]:
         raise wire.WireError(f"malformed status message ({len(data)} bytes, bitsets of {ready_len} + {stale_len})")
     ready = int.from_bytes(data[_STATUS.size:start], "little")
     stale = int.from_bytes(data[start:end], "little")
-    waits = wire.decode(data[end:]) if end < len(data) else []
-    if not isinstance(waits, list) or not all(isinstance(name, str) for name in waits):
+    waits = wire.decode(data[end:]) if end < len(data) else ()
+    if not isinstance(waits, tuple) or not all(isinstance(name, str) for name in waits):
         raise wire.WireError("malformed status message: its waits are not a list of names")
-    return flags, ready, stale, waits
+    return flags, ready, stale, list(waits)
 
 
 def agree(members: Sequence[int], replies: Sequence[tuple], num_bits: int) -> Agreement:
