@@ -147,7 +147,7 @@ def barrier(process_set: ProcessSet = global_process_set) -> None:
     run_now(lambda: barrier_async(process_set))
 
 
-__all__ = list(_common_all) + [
+__all__ = [*_common_all,
     "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_async", "alltoall",
     "alltoall_async", "barrier", "broadcast", "broadcast_async", "broadcast_object", "grouped_allgather",
     "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_async", "grouped_reducescatter",
