@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
-EXTRAS=${1:-torch,tensorflow,jax,mpi,examples,test,autotune,ray,spark,lightning,bench,nccl}
+EXTRAS=${1:-torch,tensorflow,jax,mpi,examples,test,autotune,ray,spark,lightning,bench,nccl,docs}
 STAMP="$VENV/.khorovod-extras"
 if [ ! -x "$VENV/bin/python" ]; then
     echo "setup-venv: creating $VENV" >&2

@@ -6,8 +6,8 @@ cost minutes; CI's environment is itself fresh, made by scripts/setup-venv.sh):
 - installs: a command that runs one of our scripts needs nothing that the `pip install` line before
   it in the same page does not bring (the extras' requirements, followed through the installed
   packages' metadata). This is what catches "pip install . then ModuleNotFoundError".
-- runs: the README's commands and the quick ones of docs/running.md run exactly as written, in a
-  shell whose `python` and `horovodrun` are this environment's; the commands of one code block
+- runs: the README's commands and the quick ones of docs/running.md and docs/install.md run exactly
+  as written, in a shell whose `python` and `horovodrun` are this environment's; the commands of one code block
   run in one test, in order, as a reader pastes them (a `cat` of what the command before it
   wrote), and a page's `/tmp/` paths are moved into that test's own temporary directory, so no
   run reads another's files.
@@ -40,12 +40,14 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # Commands that name things of the reader's own: hosts, a hostfile, a config file. (A script that
 # is not in the repository, `python train.py`, is one too: see _placeholder.)
 PLACEHOLDERS = re.compile(r"\bserver\d\b|--hostfile|--config-file horovod\.yaml")
-# Run exactly as written: the README's commands, and docs/running.md's plain horovodrun ones (its
-# mpirun, srun and --mpi commands need an MPI or a Slurm cluster: tests/mpi and tests/slurm).
-RUN_PAGES = {"README.md", "running.md"}
+# Run exactly as written: the README's commands, and docs/running.md's and docs/install.md's plain
+# horovodrun ones (running.md's mpirun, srun and --mpi commands need an MPI or a Slurm cluster:
+# tests/mpi and tests/slurm).
+RUN_PAGES = {"README.md", "running.md", "install.md"}
 RUN_FIRST_WORDS = {"bash", "horovodrun", "cat"}
 NOT_RUN = {
     "bash scripts/test.sh": "it is CI's own command: this suite is what it runs",
+    "bash scripts/docs.sh": "it builds the site: tests/test_docs_site.py builds it, in strict mode",
     "pip install": "installs: checked by test_each_command_needs_only_what_its_page_installs",
 }
 

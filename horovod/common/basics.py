@@ -191,6 +191,7 @@ def report_failure(text: str) -> None:
 
 
 def is_initialized() -> bool:
+    """True between `init()` and `shutdown()`."""
     return _state.peek() is not None
 
 
@@ -199,26 +200,32 @@ def _topology() -> Topology:
 
 
 def size() -> int:
+    """The number of ranks in the job."""
     return _topology().size
 
 
 def rank() -> int:
+    """This process's rank, from 0 to `size() - 1`."""
     return _topology().rank
 
 
 def local_size() -> int:
+    """The number of ranks on this host."""
     return _topology().local_size
 
 
 def local_rank() -> int:
+    """This rank's position among the ranks of its host (which GPU to use)."""
     return _topology().local_rank
 
 
 def cross_size() -> int:
+    """The number of ranks with this rank's local rank: the number of hosts, in a homogeneous job."""
     return _topology().cross_size
 
 
 def cross_rank() -> int:
+    """This rank's position among the ranks with its local rank (one per host)."""
     return _topology().cross_rank
 
 
@@ -237,6 +244,7 @@ def start_timeline(file_path: str, mark_cycles: bool = False) -> None:
 
 
 def stop_timeline() -> None:
+    """Stop writing the timeline that `start_timeline` (or `HOROVOD_TIMELINE`) started."""
     rt = runtime()
     if rt.timeline is not None:
         rt.timeline.stop()
@@ -244,10 +252,12 @@ def stop_timeline() -> None:
 
 # Build queries, with Horovod's names and types. Our TCP transport plays Gloo's role.
 def gloo_built() -> bool:
+    """Always True: the built-in TCP transport plays Gloo's part."""
     return True
 
 
 def gloo_enabled() -> bool:
+    """True unless the collectives run through MPI."""
     return not mpi_enabled()
 
 
@@ -280,10 +290,12 @@ def nccl_built() -> int:
 
 
 def ccl_built() -> bool:
+    """Always False: khorovod has no oneCCL path."""
     return False
 
 
 def ddl_built() -> bool:
+    """Always False: khorovod has no IBM DDL path."""
     return False
 
 
@@ -296,6 +308,7 @@ def cuda_built() -> bool:
 
 
 def rocm_built() -> bool:
+    """Always False: khorovod has no ROCm (RCCL) path."""
     return False
 
 

@@ -34,6 +34,8 @@ REMOVED = 1
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+__all__ = ["REMOVED", "ObjectState", "State", "reset", "run", "run_fn"]
+
 
 class State:
     """What a training function carries across re-initialisations; see the module docstring.

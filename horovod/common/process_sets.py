@@ -16,6 +16,10 @@ from horovod.common.engine.messages import OpType
 
 
 class ProcessSet:
+    """A subset of the ranks that runs collectives among themselves: `ProcessSet([0, 2])`, or one
+    rank per process of an mpi4py communicator. Register it with `hvd.init(process_sets=[...])` or
+    `hvd.add_process_set()`, then pass it as `process_set=` to any collective."""
+
     def __init__(self, ranks_or_comm: Sequence[int] | Any) -> None:
         self.mpi_comm = None
         if hasattr(ranks_or_comm, "Get_rank"):  # an mpi4py communicator

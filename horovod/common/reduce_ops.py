@@ -11,7 +11,18 @@ from typing import Callable
 
 import numpy as np
 
-Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+Average = 0
+"""`op=hvd.Average`: the sum over the ranks divided by their number (the default op)."""
+Sum = 1
+"""`op=hvd.Sum`: the sum over the ranks."""
+Adasum = 2
+"""`op=hvd.Adasum`: adaptive summation of gradients (docs/adasum.md)."""
+Min = 3
+"""`op=hvd.Min`: the element-wise minimum over the ranks."""
+Max = 4
+"""`op=hvd.Max`: the element-wise maximum over the ranks."""
+Product = 5
+"""`op=hvd.Product`: the element-wise product over the ranks."""
 OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
 
 try:  # bfloat16 has no numpy dtype of its own; ml_dtypes (shipped with JAX and TensorFlow) adds one.

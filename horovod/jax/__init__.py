@@ -16,6 +16,8 @@ or inside `jax.jit`, and is differentiable. Run with `horovodrun -np 4 python tr
 See docs/jax.md.
 """
 
+from typing import TYPE_CHECKING
+
 from horovod.common import *  # noqa: F401,F403  (basics, op constants, process sets, exceptions)
 from horovod.common import __all__ as _common_all
 from horovod.jax.compression import Compression
@@ -43,6 +45,9 @@ from horovod.jax.mpi_ops import (
     synchronize,
 )
 
+if TYPE_CHECKING:  # imported on first use (below); named here for type checkers and the API reference
+    from horovod.jax.optimizer import DistributedOptimizer
+
 
 def __getattr__(name: str) -> object:
     # optax is needed by the optimizer wrapper only: `horovod.keras` on the jax backend imports this
@@ -53,10 +58,11 @@ def __getattr__(name: str) -> object:
         return DistributedOptimizer
     raise AttributeError(f"module 'horovod.jax' has no attribute '{name}'")
 
-__all__ = sorted(set(_common_all) | {
+__all__ = [
+    *_common_all,
     "Compression", "DistributedOptimizer", "allgather", "allgather_async", "allgather_object", "allreduce",
     "allreduce_async", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_async", "broadcast_object",
     "broadcast_parameters", "grouped_allgather", "grouped_allgather_async", "grouped_allreduce",
     "grouped_allreduce_async", "grouped_reducescatter", "grouped_reducescatter_async", "join", "poll",
     "reducescatter", "reducescatter_async", "synchronize",
-})
+]

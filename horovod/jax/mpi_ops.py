@@ -180,6 +180,7 @@ def allgather(tensor: Any, name: str | None = None, process_set: ProcessSet = gl
 
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[Any]:
+    """`allgather` of each array of the list, as one unit (differentiable)."""
     return _allgather(list(tensors), name, process_set, grouped=True)
 
 
@@ -260,6 +261,7 @@ def grouped_reducescatter(tensors: Sequence[Any], name: str | None = None,
                           compression: type[Compressor] = Compression.none, op: int = Average,
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[Any]:
+    """`reducescatter` of each array of the list, as one unit (differentiable)."""
     return _reducescatter(list(tensors), name, compression, op, process_set, prescale_factor, postscale_factor,
                           True)
 
@@ -267,6 +269,7 @@ def grouped_reducescatter(tensors: Sequence[Any], name: str | None = None,
 # -- async forms (outside jit) -------------------------------------------------------------------------
 def allreduce_async(tensor: Any, name: str | None = None, op: int = Average, prescale_factor: float = 1.0,
                     postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set) -> Pending:
+    """Start an allreduce of `tensor` (eagerly); `synchronize(handle)` returns the result."""
     return start("allreduce", [tensor], name=name, op=op, prescale_factor=prescale_factor,
                  postscale_factor=postscale_factor, process_set=process_set)
 
@@ -274,21 +277,25 @@ def allreduce_async(tensor: Any, name: str | None = None, op: int = Average, pre
 def grouped_allreduce_async(tensors: Sequence[Any], name: str | None = None, op: int = Average,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> Pending:
+    """Start reducing a list of arrays as one unit; `synchronize` returns the list."""
     return start("allreduce", tensors, grouped=True, name=name, op=op, prescale_factor=prescale_factor,
                  postscale_factor=postscale_factor, process_set=process_set)
 
 
 def allgather_async(tensor: Any, name: str | None = None, process_set: ProcessSet = global_process_set) -> Pending:
+    """Start gathering every member's `tensor` along dim 0."""
     return start("allgather", [tensor], name=name, process_set=process_set)
 
 
 def grouped_allgather_async(tensors: Sequence[Any], name: str | None = None,
                             process_set: ProcessSet = global_process_set) -> Pending:
+    """Start an allgather of a list of arrays as one unit."""
     return start("allgather", tensors, grouped=True, name=name, process_set=process_set)
 
 
 def broadcast_async(tensor: Any, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> Pending:
+    """Start sending global rank `root_rank`'s `tensor` to every member."""
     return start("broadcast", [tensor], root_rank=root_rank, name=name, process_set=process_set)
 
 
@@ -301,6 +308,7 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
 def reducescatter_async(tensor: Any, name: str | None = None, op: int = Average,
                         process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                         postscale_factor: float = 1.0) -> Pending:
+    """Start a reducescatter: each member gets its block of dim 0 of the reduction."""
     return start("reducescatter", [tensor], name=name, op=op, prescale_factor=prescale_factor,
                  postscale_factor=postscale_factor, process_set=process_set)
 
@@ -308,6 +316,7 @@ def reducescatter_async(tensor: Any, name: str | None = None, op: int = Average,
 def grouped_reducescatter_async(tensors: Sequence[Any], name: str | None = None, op: int = Average,
                                 process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> Pending:
+    """Start a reducescatter of a list of arrays as one unit."""
     return start("reducescatter", tensors, grouped=True, name=name, op=op, prescale_factor=prescale_factor,
                  postscale_factor=postscale_factor, process_set=process_set)
 

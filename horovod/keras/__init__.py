@@ -28,7 +28,7 @@ from horovod.keras import callbacks, elastic
 
 _check_backend()
 
-__all__ = list(_common_all) + [
+__all__ = [*_common_all,
     "Compression", "DistributedOptimizer", "PartialDistributedOptimizer", "allgather", "allreduce", "broadcast",
     "broadcast_global_variables", "callbacks", "elastic", "load_model", "reducescatter",
 ]

@@ -33,9 +33,10 @@ from horovod.mxnet.mpi_ops import (
 )
 from horovod.mxnet.optimizer import DistributedOptimizer, DistributedTrainer
 
-__all__ = sorted(set(_common_all) | {
+__all__ = [
+    *_common_all,
     "Compression", "DistributedOptimizer", "DistributedTrainer", "allgather", "allgather_object", "allreduce",
     "allreduce_", "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_object", "broadcast_parameters",
     "grouped_allgather", "grouped_allreduce", "grouped_allreduce_", "grouped_reducescatter", "join",
     "reducescatter",
-})
+]

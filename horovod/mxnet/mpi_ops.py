@@ -53,6 +53,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, name:
 def grouped_allreduce_(tensors: Sequence[Any], average: bool | None = None, name: str | None = None,
                        priority: int = 0, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set, op: int | None = None) -> list[Any]:
+    """Reduce a list of tensors in place, as one unit, and return them."""
     return _allreduce(tensors, True, True, average, name, prescale_factor, postscale_factor, process_set, op)
 
 
@@ -64,6 +65,7 @@ def allgather(tensor: Any, name: str | None = None, priority: int = 0,
 
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None, priority: int = 0,
                       process_set: ProcessSet = global_process_set) -> list[Any]:
+    """`allgather` of each tensor of the list, as one unit."""
     return run("allgather", tensors, grouped=True, name=name, process_set=process_set)
 
 
@@ -101,6 +103,7 @@ def reducescatter(tensor: Any, op: int = Average, name: str | None = None, prior
 def grouped_reducescatter(tensors: Sequence[Any], op: int = Average, name: str | None = None, priority: int = 0,
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[Any]:
+    """`reducescatter` of each tensor of the list, as one unit."""
     return run("reducescatter", tensors, grouped=True, name=name, op=op, prescale_factor=prescale_factor,
                postscale_factor=postscale_factor, process_set=process_set)
 

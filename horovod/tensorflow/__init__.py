@@ -50,7 +50,7 @@ from horovod.tensorflow.mpi_ops import (
 from horovod.tensorflow.optimizer import DistributedOptimizer
 from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization
 
-__all__ = list(_common_all) + [
+__all__ = [*_common_all,
     "BroadcastGlobalVariablesHook", "Compression", "DistributedGradientTape", "DistributedOptimizer",
     "PartialDistributedGradientTape",
     "SyncBatchNormalization", "allgather", "allgather_object", "allreduce", "alltoall", "broadcast", "broadcast_",

@@ -168,6 +168,7 @@ def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = Fa
 @no_autograph
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None, ignore_name_scope: bool = False,
                       process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
+    """`allgather` of each tensor of the list, as one unit (differentiable)."""
     return _allgather(tensors, name, ignore_name_scope, process_set, grouped=True)
 
 
@@ -293,6 +294,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
                           process_set: ProcessSet = global_process_set, ignore_name_scope: bool = False,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                           name: str | None = None) -> list[tf.Tensor]:
+    """`reducescatter` of each tensor of the list, as one unit (differentiable)."""
     pairs = [compression.compress(checked_tensor(t, "grouped_reducescatter")) for t in tensors]
     out = _reducescatter([c for c, _ in pairs], name, op, prescale_factor, postscale_factor, ignore_name_scope,
                          process_set, grouped=True)
@@ -330,21 +332,25 @@ def _process_set_by_id(process_set_id: int) -> ProcessSet:
 
 @no_autograph
 def size_op(process_set_id: int = 0, name: str | None = None) -> tf.Tensor:
+    """The number of ranks of process set `process_set_id` as a TensorFlow op (a scalar), for graphs."""
     return _scalar_op(lambda: len(_process_set_by_id(process_set_id).ranks), name)
 
 
 @no_autograph
 def local_size_op(name: str | None = None) -> tf.Tensor:
+    """`local_size()` as a TensorFlow op (a scalar), for graphs."""
     return _scalar_op(basics.local_size, name)
 
 
 @no_autograph
 def rank_op(name: str | None = None) -> tf.Tensor:
+    """`rank()` as a TensorFlow op (a scalar), for graphs."""
     return _scalar_op(basics.rank, name)
 
 
 @no_autograph
 def local_rank_op(name: str | None = None) -> tf.Tensor:
+    """`local_rank()` as a TensorFlow op (a scalar), for graphs."""
     return _scalar_op(basics.local_rank, name)
 
 

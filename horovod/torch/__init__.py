@@ -53,13 +53,14 @@ from horovod.torch.optimizer import DistributedOptimizer
 from horovod.torch.sharded import ShardedDistributedOptimizer
 from horovod.torch.sync_batch_norm import SyncBatchNorm
 
-__all__ = sorted(set(_common_all) | {
+__all__ = [
+    *_common_all,
     "Compression", "DistributedOptimizer", "elastic", "SyncBatchNorm", "allgather", "allgather_async", "allgather_object",
     "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier",
     "broadcast", "broadcast_", "broadcast_async", "broadcast_async_", "broadcast_object",
     "broadcast_optimizer_state", "broadcast_parameters", "grouped_allgather", "grouped_allgather_async",
     "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async", "grouped_allreduce_async_",
-    "grouped_reducescatter", "grouped_reducescatter_async", "init", "join", "poll", "reducescatter",
+    "grouped_reducescatter", "grouped_reducescatter_async", "join", "poll", "reducescatter",
     "reducescatter_async", "sparse_allreduce_async", "synchronize",
     "ShardedDistributedOptimizer",  # an extension: optimizer state sharded across the ranks
-})
+]

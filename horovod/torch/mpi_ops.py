@@ -132,6 +132,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
                              op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: ProcessSet = global_process_set) -> int:
+    """Start reducing a list of tensors in place, as one unit."""
     return _register(start("allreduce", tensors, grouped=True, inplace=True, name=name, op=resolve_op(op, average),
                             prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                             process_set=process_set))
@@ -149,6 +150,7 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
                        op: int | None = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """Reduce a list of tensors in place, as one unit, and return them."""
     return run("allreduce", tensors, grouped=True, inplace=True, name=name, op=resolve_op(op, average),
                   prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                   process_set=process_set)
@@ -185,6 +187,7 @@ def allgather_async(tensor: torch.Tensor, name: str | None = None, process_set: 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
                             process_set: ProcessSet = global_process_set) -> int:
+    """Start an allgather of a list of tensors as one unit."""
     return _register(start("allgather", tensors, grouped=True, name=name, process_set=process_set))
 
 
@@ -197,6 +200,7 @@ def allgather(tensor: torch.Tensor, name: str | None = None,
 
 def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[torch.Tensor]:
+    """`allgather` of each tensor of the list, as one unit (differentiable)."""
     return list(HorovodGroupedAllgather.apply(name, process_set, *tensors))
 
 
@@ -223,6 +227,7 @@ def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
 
 def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
+    """Overwrite `tensor` with global rank `root_rank`'s, in place, and return it."""
     return run("broadcast", [tensor], inplace=True, root_rank=root_rank, name=name,
                   process_set=process_set)
 
@@ -255,6 +260,7 @@ def reducescatter_async(tensor: torch.Tensor, name: str | None = None, op: int =
 def grouped_reducescatter_async(tensors: Sequence[torch.Tensor], name: str | None = None, op: int = Average,
                                 process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                                 postscale_factor: float = 1.0) -> int:
+    """Start a reducescatter of a list of tensors as one unit."""
     return _register(start("reducescatter", tensors, grouped=True, name=name, op=op,
                             prescale_factor=prescale_factor, postscale_factor=postscale_factor,
                             process_set=process_set))
@@ -274,6 +280,7 @@ def grouped_reducescatter(tensors: Sequence[torch.Tensor], name: str | None = No
                           compression: type[Compressor] = Compression.none, op: int = Average,
                           process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[torch.Tensor]:
+    """`reducescatter` of each tensor of the list, as one unit (differentiable)."""
     return compressed(compression, lambda *ts: HorovodGroupedReducescatter.apply(
         name, op, process_set, prescale_factor, postscale_factor, *ts), tensors)
 

@@ -30,6 +30,8 @@ from horovod.runner.compute_service import ComputeClient
 log = logging.getLogger("horovod.tensorflow.data")
 _SIDES = ("compute", "training")
 
+__all__ = ["TfDataServiceConfig", "compute_worker_fn", "send_to_data_service", "tf_data_service"]
+
 
 @dataclasses.dataclass(frozen=True)
 class TfDataServiceConfig:

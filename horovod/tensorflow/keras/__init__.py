@@ -17,4 +17,4 @@ from horovod.tensorflow.compression import Compression  # noqa: E402,F811
 from horovod.tensorflow.keras import callbacks, elastic  # noqa: E402,F811
 from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization  # noqa: E402
 
-__all__ = list(_keras_all) + ["SyncBatchNormalization"]
+__all__ = [*_keras_all, "SyncBatchNormalization"]

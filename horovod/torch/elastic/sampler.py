@@ -21,6 +21,9 @@ from horovod.common import basics
 
 
 class ElasticSampler(torch.utils.data.Sampler):
+    """A sampler that shards `dataset` over the current ranks and, after the job changes size,
+    over the new ones, skipping the samples already processed this epoch (`record_batch`)."""
+
     def __init__(self, dataset: Sized, shuffle: bool = True, seed: int = 0) -> None:
         self.dataset = dataset
         self.shuffle = shuffle
