@@ -93,7 +93,7 @@ def server_and_key():
 @given(st.one_of(
     st.binary(max_size=64).map(lambda b: ("raw", b)),
     st.tuples(st.sampled_from(["put", "get", "delete", "keys", "nope", ""]),
-              st.lists(st.one_of(st.none(), st.integers(), st.text(max_size=8), st.binary(max_size=8),
+              st.lists(st.one_of(st.none(), st.integers(-2**63, 2**64 - 1), st.text(max_size=8), st.binary(max_size=8),  # messages carry 64-bit integers
                                  st.floats(allow_nan=True)), max_size=4)).map(lambda t: ("msg", (t[0], *t[1])))))
 def test_authenticated_malformed_requests_never_break_the_store(server_and_key, request_):
     server, key = server_and_key
