@@ -27,10 +27,13 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
+import cloudpickle
 import pytest
 
-from engines import engine_unavailable
 from driver_death import BOUND_SECONDS, driver
+from engines import engine_unavailable
+from horovod.common.rendezvous import RendezvousClient
+from horovod.spark import control
 from leftovers import seconds_until_gone, shm_segments
 from multirank import child_env
 from tests.spark.conftest import spark_missing
@@ -117,10 +120,17 @@ time.sleep(120)
 TASK = r'''
 import sys
 from horovod.spark.control import ControlAddress
-from horovod.spark.task import host_worker
+from horovod.spark.task import host_worker, serve_elastic
 
-sys.exit(host_worker(0, "127.0.0.1", (), ControlAddress("127.0.0.1", int(sys.argv[1]), sys.argv[2]), 30))
+address = ControlAddress("127.0.0.1", int(sys.argv[1]), sys.argv[2])
+if sys.argv[3] == "elastic":
+    serve_elastic("task-0-0", "127.0.0.1", (), address, 30)
+else:
+    sys.exit(host_worker(0, "127.0.0.1", (), address, 30))
 '''
+
+# Where each kind of task says it is ready, and the key its worker is sent under.
+TASK_KEYS = {"barrier": (control.TASKS, "0", "0"), "elastic": (control.ALIVE, "task-0-0", "task-0-0.0")}
 
 WORKER = r'''
 import os, subprocess, sys, time
@@ -132,14 +142,11 @@ time.sleep(60)
 '''
 
 
-def test_a_task_that_loses_its_driver_stops_its_worker_and_says_why(tmp_path: Path) -> None:
-    """The driver's control store dies under a task (`horovod.spark.task.host_worker`, as a barrier
-    task runs it) whose worker, with a child of its own, trains on."""
-    import cloudpickle
-
-    from horovod.common.rendezvous import RendezvousClient
-    from horovod.spark import control
-
+@pytest.mark.parametrize("kind", ["barrier", "elastic"])
+def test_a_task_that_loses_its_driver_stops_its_worker_and_says_why(tmp_path: Path, kind: str) -> None:
+    """The driver's control store dies under a task (`host_worker` as a barrier task of
+    `horovod.spark.run` runs it, `serve_elastic` as one of `run_elastic` does) whose worker, with a
+    child of its own, trains on."""
     pids = tmp_path / "pids"
     store = subprocess.Popen([sys.executable, "-c", STORE], stdout=subprocess.PIPE, text=True, env=child_env(),
                              start_new_session=True)
@@ -147,12 +154,13 @@ def test_a_task_that_loses_its_driver_stops_its_worker_and_says_why(tmp_path: Pa
     try:
         assert store.stdout is not None
         port, secret = store.stdout.readline().split()
-        task = subprocess.Popen([sys.executable, "-c", TASK, port, secret], stderr=subprocess.PIPE, text=True,
+        task = subprocess.Popen([sys.executable, "-c", TASK, port, secret, kind], stderr=subprocess.PIPE, text=True,
                                 env=child_env(), start_new_session=True)
         driver = RendezvousClient("127.0.0.1", int(port), bytes.fromhex(secret))
-        assert driver.get(control.TASKS, "0", 30) == b"127.0.0.1"
+        ready_scope, ready_key, key = TASK_KEYS[kind]
+        assert driver.get(ready_scope, ready_key, 30).startswith(b"127.0.0.1")
         worker_env = child_env({"HOROVOD_RANK": "3"})
-        driver.put(control.START, "0", cloudpickle.dumps(([sys.executable, "-c", WORKER, str(pids)], worker_env)))
+        driver.put(control.START, key, cloudpickle.dumps(([sys.executable, "-c", WORKER, str(pids)], worker_env)))
         deadline = time.monotonic() + 30
         while not pids.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -164,11 +172,12 @@ def test_a_task_that_loses_its_driver_stops_its_worker_and_says_why(tmp_path: Pa
         assert None not in gone.values(), f"the worker's group outlived the driver's store by {BOUND_SECONDS} s"
         print(f"spark task: its worker gone {gone[worker]:.2f} s after the driver's store died")
         _, stderr = task.communicate(timeout=BOUND_SECONDS)
-        assert task.returncode != 0 and time.monotonic() - killed < BOUND_SECONDS
-        assert (f"horovod.spark: task 0 {LOST_DRIVER} at 127.0.0.1:{port}" in stderr
+        assert time.monotonic() - killed < BOUND_SECONDS
+        assert (f"horovod.spark: task {key} {LOST_DRIVER} at 127.0.0.1:{port}" in stderr
                 and f"stopping the worker so that it does not outlive the driver: rank 3, process group {worker}"
                 in stderr), stderr
-        assert "ConnectionError" in stderr.splitlines()[-1], stderr  # the task fails, saying the same
+        if kind == "barrier":  # the task fails, saying the same (an elastic task's job is over: it returns)
+            assert task.returncode != 0 and "ConnectionError" in stderr.splitlines()[-1], stderr
     finally:
         for proc in (store, task):
             if proc is not None:
