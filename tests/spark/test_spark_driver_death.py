@@ -179,10 +179,14 @@ def test_a_task_that_loses_its_driver_stops_its_worker_and_says_why(tmp_path: Pa
         if kind == "barrier":  # the task fails, saying the same (an elastic task's job is over: it returns)
             assert task.returncode != 0 and "ConnectionError" in stderr.splitlines()[-1], stderr
     finally:
+        groups = [proc.pid for proc in (store, task) if proc is not None]
+        if pids.exists():
+            groups.append(int(pids.read_text().split()[0]))  # the worker's (it runs in a session of its own)
+        for group in groups:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         for proc in (store, task):
             if proc is not None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 proc.wait()
