@@ -112,9 +112,9 @@ def run_worker(client: RendezvousClient, key: str, argv: list[str], env: dict[st
         while proc.poll() is None:
             try:
                 signum = int(client.get(control.SIGNAL, f"{key}.{signals}", _SIGNAL_POLL_SECONDS))
-            except TimeoutError:
-                continue
             except OSError as exc:
+                if isinstance(exc, TimeoutError) and exc.errno is None:  # no signal yet (a dead link has an errno)
+                    continue
                 raise _driver_lost(client, key, env, proc.pid, exc) from exc
             signals += 1
             try:

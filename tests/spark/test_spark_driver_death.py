@@ -16,6 +16,7 @@ directly, and checks what the task says (on its stderr, the executor's log) and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -33,9 +34,11 @@ import pytest
 from driver_death import BOUND_SECONDS, driver
 from engines import engine_unavailable
 from horovod.common.rendezvous import RendezvousClient
+from horovod.common.settings import DEFAULT_FAILURE_DETECTION_SECONDS
 from horovod.spark import control
 from leftovers import seconds_until_gone, shm_segments
 from multirank import child_env
+from netns import EmulatedHosts, ip
 from tests.spark.conftest import spark_missing
 from tests.spark.helpers import workers_with
 
@@ -108,12 +111,12 @@ def test_workers_exit_within_5_s_of_their_spark_driver_being_killed(tmp_path: Pa
 
 
 STORE = r'''
-import time
+import sys, time
 from horovod.common import wire
 from horovod.common.rendezvous import RendezvousServer
 
 secret = wire.new_secret_key()
-print(RendezvousServer(secret).start(), secret.hex(), flush=True)
+print(RendezvousServer(secret, sys.argv[1]).start(), secret.hex(), flush=True)
 time.sleep(120)
 '''
 
@@ -122,7 +125,7 @@ import sys
 from horovod.spark.control import ControlAddress
 from horovod.spark.task import host_worker, serve_elastic
 
-address = ControlAddress("127.0.0.1", int(sys.argv[1]), sys.argv[2])
+address = ControlAddress(sys.argv[4], int(sys.argv[1]), sys.argv[2])
 if sys.argv[3] == "elastic":
     serve_elastic("task-0-0", "127.0.0.1", (), address, 30)
 else:
@@ -142,21 +145,31 @@ time.sleep(60)
 '''
 
 
-@pytest.mark.parametrize("kind", ["barrier", "elastic"])
-def test_a_task_that_loses_its_driver_stops_its_worker_and_says_why(tmp_path: Path, kind: str) -> None:
+@pytest.mark.parametrize("kind, fault", [("barrier", "killed"), ("elastic", "killed"), ("barrier", "cut off")])
+def test_a_task_that_loses_its_driver_stops_its_worker_and_says_why(tmp_path: Path, kind: str, fault: str) -> None:
     """The driver's control store dies under a task (`host_worker` as a barrier task of
     `horovod.spark.run` runs it, `serve_elastic` as one of `run_elastic` does) whose worker, with a
-    child of its own, trains on."""
+    child of its own, trains on; or the driver's host is cut off from the network (its own
+    network namespace, its interface taken down), which the task notices when its requests go
+    unanswered for the failure detection time (5 s by default)."""
     pids = tmp_path / "pids"
-    store = subprocess.Popen([sys.executable, "-c", STORE], stdout=subprocess.PIPE, text=True, env=child_env(),
-                             start_new_session=True)
+    stack = contextlib.ExitStack()
+    store: subprocess.Popen[str] | None = None
     task: subprocess.Popen[str] | None = None
     try:
+        if fault == "cut off":
+            hosts = stack.enter_context(EmulatedHosts({"driver": "eth0"}, tmp_path))
+            where, bound = hosts.host("driver").address, DEFAULT_FAILURE_DETECTION_SECONDS + BOUND_SECONDS
+            store_argv = hosts.inside("driver", [sys.executable, "-c", STORE, where])
+        else:
+            where, bound, store_argv = "127.0.0.1", BOUND_SECONDS, [sys.executable, "-c", STORE, "127.0.0.1"]
+        store = subprocess.Popen(store_argv, stdout=subprocess.PIPE, text=True, env=child_env(),
+                                 start_new_session=True)
         assert store.stdout is not None
         port, secret = store.stdout.readline().split()
-        task = subprocess.Popen([sys.executable, "-c", TASK, port, secret, kind], stderr=subprocess.PIPE, text=True,
-                                env=child_env(), start_new_session=True)
-        driver = RendezvousClient("127.0.0.1", int(port), bytes.fromhex(secret))
+        task = subprocess.Popen([sys.executable, "-c", TASK, port, secret, kind, where], stderr=subprocess.PIPE,
+                                text=True, env=child_env(), start_new_session=True)
+        driver = RendezvousClient(where, int(port), bytes.fromhex(secret))
         ready_scope, ready_key, key = TASK_KEYS[kind]
         assert driver.get(ready_scope, ready_key, 30).startswith(b"127.0.0.1")
         worker_env = child_env({"HOROVOD_RANK": "3"})
@@ -166,14 +179,17 @@ def test_a_task_that_loses_its_driver_stops_its_worker_and_says_why(tmp_path: Pa
             time.sleep(0.05)
         worker, child = map(int, pids.read_text().split())
 
-        store.kill()  # the driver dies, and its store with it
-        killed = time.monotonic()
-        gone = seconds_until_gone([worker, child], BOUND_SECONDS)
-        assert None not in gone.values(), f"the worker's group outlived the driver's store by {BOUND_SECONDS} s"
-        print(f"spark task: its worker gone {gone[worker]:.2f} s after the driver's store died")
-        _, stderr = task.communicate(timeout=BOUND_SECONDS)
-        assert time.monotonic() - killed < BOUND_SECONDS
-        assert (f"horovod.spark: task {key} {LOST_DRIVER} at 127.0.0.1:{port}" in stderr
+        if fault == "cut off":
+            ip("-n", hosts.host("driver").namespace, "link", "set", "eth0", "down")
+        else:
+            store.kill()  # the driver dies, and its store with it
+        lost = time.monotonic()
+        gone = seconds_until_gone([worker, child], bound)
+        assert None not in gone.values(), f"the worker's group outlived its driver by {bound} s"
+        print(f"spark task ({kind}): its worker gone {gone[worker]:.2f} s after its driver was {fault}")
+        _, stderr = task.communicate(timeout=bound)
+        assert time.monotonic() - lost < bound
+        assert (f"horovod.spark: task {key} {LOST_DRIVER} at {where}:{port}" in stderr
                 and f"stopping the worker so that it does not outlive the driver: rank 3, process group {worker}"
                 in stderr), stderr
         if kind == "barrier":  # the task fails, saying the same (an elastic task's job is over: it returns)
@@ -190,3 +206,4 @@ def test_a_task_that_loses_its_driver_stops_its_worker_and_says_why(tmp_path: Pa
         for proc in (store, task):
             if proc is not None:
                 proc.wait()
+        stack.close()
