@@ -1,8 +1,8 @@
 """A Spark driver that dies (`kill -9`) while `horovod.spark.run` trains takes its workers with it.
 
 The driver here is a script of its own, with its own Spark cluster (`local-cluster`: the driver's
-JVM and two executor JVMs, each with its Python daemon and task processes, each task with its
-Horovod worker), so that the test can kill it. Every process of that cluster carries a marker in
+JVM and an executor JVM of two task slots, with its Python daemon and two task processes, each
+task with its Horovod worker), so that the test can kill it. Every process of that cluster carries a marker in
 its environment (`KHVD_SPARK_TAG`, inherited from the driver script): the test finds them all by
 it, and kills whatever is left at its end, whatever happened.
 
@@ -55,7 +55,7 @@ from driver_death import train_until_stopped
 from tests.spark.conftest import start_spark
 import horovod.spark
 
-spark = start_spark()
+spark = start_spark(executors=1, cores=2)
 with open(sys.argv[2] + ".tmp", "w") as f:
     json.dump({"app": spark.sparkContext.applicationId}, f)
 os.rename(sys.argv[2] + ".tmp", sys.argv[2])
