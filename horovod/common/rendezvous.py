@@ -198,6 +198,7 @@ class RendezvousClient:
     def __init__(self, host: str, port: int, secret_key: bytes, connect_timeout: float = 30.0,
                  liveness_seconds: float = DEFAULT_FAILURE_DETECTION_SECONDS) -> None:
         self._lock = threading.Lock()
+        self.address = (host, port)  # the store's, for messages
         deadline = time.monotonic() + connect_timeout
         while True:
             try:

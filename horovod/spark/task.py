@@ -5,7 +5,10 @@ The task says where it runs, waits for the driver to send the worker's command a
 starts it as a child in its own session (so a signal reaches everything it started), streams its
 output lines to the driver, passes on the driver's signals, and reports the exit code. The worker
 never outlives the task: it is killed if the task's Python process dies (parent-death signal) and
-its whole process group is killed when the task returns or is interrupted by Spark. The worker
+its whole process group is killed when the task returns or is interrupted by Spark. Nor does it
+outlive the driver: when the task's connection to the driver's store fails (the driver was killed
+or crashed, or its host cannot be reached), the task says so on its stderr (the executor's log)
+and stops the worker's group as the orphan guard would (`orphans.stop_groups`). The worker
 learns the GPU addresses Spark gave its task from the task (`get_available_devices`).
 """
 
@@ -22,7 +25,7 @@ import cloudpickle
 
 from horovod.common import wire
 from horovod.common.rendezvous import RendezvousClient
-from horovod.runner.launchers.orphans import parent_death_signal
+from horovod.runner.launchers.orphans import parent_death_signal, stop_groups
 from horovod.common.settings import SPARK_TASK_GPUS_ENV, Settings
 from horovod.spark import control
 from horovod.spark.control import ControlAddress
@@ -69,11 +72,27 @@ class _OutputSender:
                 with self._lock:
                     self._client.put(control.OUTPUT, f"{self._key}.{self._count}", wire.encode((name, raw)))
                     self._count += 1
+        except OSError:
+            pass  # the driver is gone: `run_worker` says so and stops the worker
         finally:
             pipe.close()
 
     def close(self) -> None:
         self._client.put(control.OUTPUT, f"{self._key}.end", str(self._count).encode())
+
+
+def _driver_lost(client: RendezvousClient, key: str, env: dict[str, str], group: int,
+                 exc: OSError) -> ConnectionError:
+    """The task's control connection failed: the driver is gone (killed, crashed) or cannot be
+    reached. Stop the worker's group, saying why on the task's stderr (the executor's log), and
+    return the error that fails the task."""
+    host, port = client.address
+    rank = f"rank {env['HOROVOD_RANK']}, " if env.get("HOROVOD_RANK") else ""
+    reason = (f"horovod.spark: task {key} lost its connection to the Spark driver's control store at {host}:{port} "
+              f"({type(exc).__name__}: {exc}): the driver exited (killed, or it crashed) or cannot be reached; "
+              "stopping the worker so that it does not outlive the driver")
+    stop_groups(reason, {group: f"{rank}process group {group}"})
+    return ConnectionError(reason)
 
 
 def run_worker(client: RendezvousClient, key: str, argv: list[str], env: dict[str, str],
@@ -93,8 +112,10 @@ def run_worker(client: RendezvousClient, key: str, argv: list[str], env: dict[st
         while proc.poll() is None:
             try:
                 signum = int(client.get(control.SIGNAL, f"{key}.{signals}", _SIGNAL_POLL_SECONDS))
-            except TimeoutError:
-                continue
+            except OSError as exc:
+                if isinstance(exc, TimeoutError) and exc.errno is None:  # no signal yet (a dead link has an errno)
+                    continue
+                raise _driver_lost(client, key, env, proc.pid, exc) from exc
             signals += 1
             try:
                 os.killpg(proc.pid, signum)

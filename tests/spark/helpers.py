@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 
+from leftovers import processes_with_env
+
 
 def workers_with(tag: str) -> list[int]:
     """Pids of processes (anywhere on this machine) started with KHVD_SPARK_TAG=tag."""
-    needle = f"KHVD_SPARK_TAG={tag}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    if needle in f.read().split(b"\0"):
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
+    return processes_with_env("KHVD_SPARK_TAG", tag)
 
 
 def none_left(tag: str, seconds: float = 10.0) -> list[int]:

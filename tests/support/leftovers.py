@@ -49,6 +49,38 @@ def wait_for_no_processes(pids: Iterable[int], groups: Iterable[int] = (), secon
         time.sleep(0.05)
 
 
+def processes_with_env(name: str, value: str) -> list[int]:
+    """Pids of the processes on this machine whose environment has `name=value`: a marker a test
+    gives whatever an engine starts for it, to find it all afterwards."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def seconds_until_gone(pids: Iterable[int], seconds: float) -> dict[int, float | None]:
+    """Poll `pids` for up to `seconds`: how long after the call each stopped running (None: it
+    still runs). For bounds on how fast processes go, e.g. after whatever started them died."""
+    pids = list(pids)
+    start = time.monotonic()
+    gone: dict[int, float | None] = dict.fromkeys(pids)
+    while True:
+        alive = set(live_processes(pids))
+        for pid in pids:
+            if pid not in alive and gone[pid] is None:
+                gone[pid] = time.monotonic() - start
+        if not alive or time.monotonic() - start > seconds:
+            return gone
+        time.sleep(0.02)
+
+
 def shm_segments(pids: Iterable[int]) -> list[str]:
     """khorovod's shared-memory segments in /dev/shm created by any of `pids`."""
     prefixes = tuple(f"khvd-{pid}-" for pid in pids)

@@ -9,6 +9,8 @@ the process group of every worker from a pipe whose other end only the launcher 
 pipe's end (EOF) without a goodbye means the launcher is gone, however it went: the guard says
 so on the launcher's stderr, SIGTERMs every worker group, and SIGKILLs what is left after
 `GRACE_SECONDS`. Remote workers then go with their ssh session (see `launchers.ssh`).
+Workers in Spark tasks go the same way (`stop_groups`) when their task loses the driver's
+control store (see `horovod.spark.task`).
 
 This file runs as a script (`python -I orphans.py <launcher pid>`), so it imports only the
 standard library: the guard must start whatever `horovod` the workers import.
@@ -126,20 +128,27 @@ def _signal_groups(groups: Iterable[int], signum: int) -> None:
             pass
 
 
-def stop_orphans(launcher_pid: int, workers: dict[int, str]) -> None:
-    """The launcher is gone: say so, then stop every worker group (`workers`: group -> who)."""
+def stop_groups(reason: str, workers: dict[int, str]) -> None:
+    """Say on stderr `reason` and whom it stops, then stop every live group of `workers` (group ->
+    who): SIGTERM, and SIGKILL what is left after `GRACE_SECONDS`. For whoever finds that the
+    workers' launcher is gone (the guard; a Spark task that lost its driver)."""
     alive = _live_members(workers)
     if not alive:
         return
     who = "; ".join(workers[group] for group in sorted(alive))
-    print(f"horovodrun: the launcher (pid {launcher_pid}) exited without stopping its workers (killed, or it "
-          f"crashed); stopping them so that none outlives it: {who}", file=sys.stderr, flush=True)
+    print(f"{reason}: {who}", file=sys.stderr, flush=True)
     _signal_groups(alive, signal.SIGTERM)
     deadline = time.monotonic() + GRACE_SECONDS
     while alive and time.monotonic() < deadline:
         time.sleep(_POLL_SECONDS)
         alive = _live_members(alive)
     _signal_groups(alive, signal.SIGKILL)
+
+
+def stop_orphans(launcher_pid: int, workers: dict[int, str]) -> None:
+    """The launcher is gone: say so, then stop every worker group (`workers`: group -> who)."""
+    stop_groups(f"horovodrun: the launcher (pid {launcher_pid}) exited without stopping its workers (killed, or "
+                "it crashed); stopping them so that none outlives it", workers)
 
 
 def main(argv: list[str]) -> int:
