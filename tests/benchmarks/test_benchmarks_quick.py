@@ -100,18 +100,22 @@ def test_autotune_training_benchmark_reports_every_configuration():
 
 
 def test_fresh_jobs_alternates_variants_and_reports_each():
-    # benchmarks/fresh_jobs.py, shortened: one job per variant, as in docs/performance.md.
+    # benchmarks/fresh_jobs.py, shortened: one job per variant and per peer, beside a busy process,
+    # as in docs/performance.md.
+    pytest.importorskip("torch")  # gloo
     script = str(REPO / "benchmarks" / "fresh_jobs.py")
     proc = subprocess.run([sys.executable, script, "--jobs", "1", "--sizes", "4K,1M", "--iters", "3",
+                           "--systems", "khorovod,gloo", "--busy", "1",
                            "--variant", "bound=", "--variant", "unbound=HOROVOD_CPU_BINDING=0"],
                           capture_output=True, text=True, timeout=240, env=child_env(), cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "1 fresh jobs per variant, 2 ranks" in proc.stdout
-    for name in ("bound", "unbound"):
+    assert "1 fresh jobs per system, 2 ranks" in proc.stdout and "1 busy processes beside each job" in proc.stdout
+    for name in ("khorovod bound", "khorovod unbound", "gloo"):
         section = proc.stdout.split(f"\n{name}:\n", 1)[1]
         assert "| 4 KiB |" in section and "| 1 MiB |" in section and "job  0: 4096:" in section
         assert re.search(r"job  0: 4096: \d+ us, 1048576: \d+ us; others \d+\.\d\d cores, stolen \d+\.\d\d, "
-                         r"copy \d+\.\d GB/s, together \d+\.\d\dx", section), section
+                         r"copy \d+\.\d GB/s, together \d+\.\d\dx, round trip \d+\.\d\d us", section), section
+    assert not subprocess.run(["pgrep", "-f", "while True: pass"], capture_output=True).stdout  # the busy one is gone
 
 
 def test_scaling_benchmark_reports_every_configuration_and_plots(tmp_path):
