@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/side-venv.sh
-side_venv "${VENV_MXNET:-.venv-mxnet}" "mxnet, cloudpickle, yaml" "mxnet==1.9.1" "numpy<1.24" "cloudpickle>=2.0" \
-    "pyyaml>=5.4"
+side_venv "${VENV_MXNET:-.venv-mxnet}" "mxnet, cloudpickle, yaml, msgpack" "mxnet==1.9.1" "numpy<1.24" "cloudpickle>=2.0" \
+    "pyyaml>=5.4" "msgpack>=1.0"

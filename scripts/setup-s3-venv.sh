@@ -7,5 +7,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/side-venv.sh
-side_venv "${VENV_S3:-.venv-s3}" "moto.server, s3fs, cloudpickle, numpy" "moto[server]>=5" "s3fs>=2023.1" \
-    "fsspec>=2023.1" "cloudpickle>=2.0" numpy
+side_venv "${VENV_S3:-.venv-s3}" "moto.server, s3fs, cloudpickle, numpy, msgpack" "moto[server]>=5" "s3fs>=2023.1" \
+    "fsspec>=2023.1" "cloudpickle>=2.0" numpy "msgpack>=1.0"
