@@ -8,8 +8,8 @@ epoch (`torch.save` of the model's and optimizer's state, and the epoch). The mo
 reshaped to the output's shape when they hold as many values (a (B,) column against a (B, 1)
 output), so a plain `mse_loss` works.
 
-The loop (`train`) is shared with `horovod.spark.lightning`: what differs between the two is a
-`Steps` object (how the optimizer is built, what one training and one validation batch compute).
+The loop (`train`) is separate from what one batch computes: a `Steps` object says how the
+optimizer is built and what one training and one validation batch compute.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from horovod.spark.common.store import checkpoint_file
 
 
 class Steps(Protocol):
-    """What one kind of estimator computes inside the shared training loop (`train`): this
-    module's for a plain `nn.Module`, `horovod.spark.lightning`'s for a LightningModule."""
+    """What the training loop (`train`) computes for one batch: `_ModuleSteps` for an
+    `nn.Module` with a loss, or the user's `train_minibatch_fn`."""
 
     def optimizer(self, model: Any) -> tuple[Any, Any]:
         """The optimizer for this rank's `model`, and an LR scheduler stepped per epoch (or None)."""
