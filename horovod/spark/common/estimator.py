@@ -19,6 +19,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import cloudpickle
 import fsspec
 import pandas as pd
 from pyspark.ml import Estimator, Model
@@ -224,6 +225,10 @@ class HorovodEstimator(Estimator, EstimatorParams):
 class HorovodModel(Model, ModelParams, MLWritable, MLReadable):
     """The framework-independent half of `TorchModel` and `KerasModel`."""
 
+    #: Parameters that are Python objects (Keras's `custom_objects`: the user's classes): saved
+    #: with cloudpickle beside the JSON ones, and read back before the model, which needs them.
+    _PICKLED_PARAMS: tuple[str, ...] = ()
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
         self._model_defaults()
@@ -275,8 +280,9 @@ class HorovodModel(Model, ModelParams, MLWritable, MLReadable):
 
     @classmethod
     @abc.abstractmethod
-    def from_model_bytes(cls, data: bytes) -> Any:
-        """The framework's model back from `model_bytes` (what `load` reads from model.bin)."""
+    def from_model_bytes(cls, data: bytes, params: dict[str, Any]) -> Any:
+        """The framework's model back from `model_bytes` (what `load` reads from model.bin), given
+        the model's `_PICKLED_PARAMS`."""
 
     def write(self) -> MLWriter:
         return _ModelWriter(self)
@@ -287,7 +293,8 @@ class HorovodModel(Model, ModelParams, MLWritable, MLReadable):
 
 
 class _ModelWriter(MLWriter):
-    """Saves a model as `metadata.json` (its parameters) and `model.bin` (the framework's bytes)."""
+    """Saves a model as `metadata.json` (its parameters), `model.bin` (the framework's bytes) and,
+    for a model with `_PICKLED_PARAMS`, `params.pkl` (those, cloudpickled)."""
 
     def __init__(self, instance: HorovodModel) -> None:
         super().__init__()
@@ -302,6 +309,10 @@ class _ModelWriter(MLWriter):
             json.dump(metadata, f)
         with fs.open(posixpath.join(root, "model.bin"), "wb") as f:
             f.write(self.instance.model_bytes())
+        if self.instance._PICKLED_PARAMS:
+            pickled = {name: self.instance.getOrDefault(name) for name in self.instance._PICKLED_PARAMS}
+            with fs.open(posixpath.join(root, "params.pkl"), "wb") as f:
+                f.write(cloudpickle.dumps(pickled))
 
 
 class _ModelReader(MLReader):
@@ -316,9 +327,13 @@ class _ModelReader(MLReader):
         expected = f"{self.cls.__module__}.{self.cls.__qualname__}"
         if metadata.get("class") != expected:
             raise ValueError(f"{path} holds a {metadata.get('class')}, not a {expected}")
+        pickled: dict[str, Any] = {}
+        if self.cls._PICKLED_PARAMS:
+            with fs.open(posixpath.join(root, "params.pkl"), "rb") as f:
+                pickled = cloudpickle.loads(f.read())
         with fs.open(posixpath.join(root, "model.bin"), "rb") as f:
-            model = self.cls.from_model_bytes(f.read())
-        params = metadata["params"]
+            model = self.cls.from_model_bytes(f.read(), pickled)
+        params = {**metadata["params"], **pickled}
         if params.get("_metadata"):
             params["_metadata"]["output_shapes"] = [tuple(s) for s in params["_metadata"]["output_shapes"]]
         return self.cls(model=model, **params)

@@ -165,6 +165,8 @@ class KerasModel(HorovodModel):
 
     custom_objects = param("custom_objects", "the model's own layers, losses, ... by name, for loading it")
 
+    _PICKLED_PARAMS = ("custom_objects",)
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._setDefault(custom_objects={})
@@ -187,5 +189,5 @@ class KerasModel(HorovodModel):
         return model_to_bytes(self.getOrDefault("model"))
 
     @classmethod
-    def from_model_bytes(cls, data: bytes) -> Any:
-        return model_from_bytes(data)
+    def from_model_bytes(cls, data: bytes, params: dict[str, Any]) -> Any:
+        return model_from_bytes(data, custom_objects=params.get("custom_objects") or None)

@@ -328,5 +328,5 @@ class TorchModel(HorovodModel):
         return cloudpickle.dumps(self.getOrDefault("model"))
 
     @classmethod
-    def from_model_bytes(cls, data: bytes) -> Any:
+    def from_model_bytes(cls, data: bytes, params: dict[str, Any]) -> Any:
         return cloudpickle.loads(data)
