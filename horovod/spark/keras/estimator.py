@@ -157,7 +157,7 @@ class KerasEstimator(HorovodEstimator):
                           model=model_from_bytes(result["model"], custom_objects=custom_objects),
                           feature_columns=list(self.getOrDefault("feature_cols")),
                           label_columns=list(self.getOrDefault("label_cols")), run_id=run_id,
-                          _metadata={"output_shapes": result["output_shapes"], "shapes": data.shapes})
+                          _metadata=self._model_metadata(result, data))
 
 
 class KerasModel(HorovodModel):

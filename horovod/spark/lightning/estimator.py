@@ -135,7 +135,7 @@ class TorchEstimator(_PlainTorchEstimator):
         return TorchModel(history=result["history"], model=model,
                           feature_columns=list(self.getOrDefault("feature_cols")),
                           label_columns=list(self.getOrDefault("label_cols")), run_id=run_id,
-                          _metadata={"output_shapes": result["output_shapes"], "shapes": data.shapes,
+                          _metadata={**self._model_metadata(result, data),
                                      "input_shapes": self.getOrDefault("input_shapes")})
 
 
