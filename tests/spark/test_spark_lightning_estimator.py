@@ -244,7 +244,7 @@ class ParquetRows(pl.LightningDataModule):
         return torch.utils.data.DataLoader(rows, batch_size=self.batch_size)
 
 
-def test_data_module_accumulation_and_terminate_on_nan(spark, tmp_path):
+def test_data_module_accumulation_legacy_module_and_terminate_on_nan(spark, tmp_path):
     from horovod.spark.common.store import Store
 
     store = Store.create(str(tmp_path / "store"))
@@ -257,6 +257,15 @@ def test_data_module_accumulation_and_terminate_on_nan(spark, tmp_path):
     batches = set(re.findall(r"rank 0: train epoch \d+ ended after (\d+) batches", text))
     assert batches == {"8"}, text[-3000:]  # 120 rows per rank, 16 a batch: the data module's own loader
     np.testing.assert_allclose(fitted.getModel().layer.weight.detach().numpy().ravel(), [2.0, -3.0], atol=0.3)
+
+    # Horovod's legacy form: a plain nn.Module with optimizer= and loss= trains through Lightning too.
+    plain = torch.nn.Linear(2, 1)
+    legacy = _estimator(store, _backend(io.StringIO()), model=plain, optimizer=torch.optim.SGD(plain.parameters(), lr=0.1),
+                        loss=torch.nn.functional.mse_loss, epochs=8).fit(linear_frame(spark))
+    assert isinstance(legacy.getModel(), torch.nn.Linear) and set(legacy.getHistory()) == {"train_loss", "val_loss"}
+    np.testing.assert_allclose(legacy.getModel().weight.detach().numpy().ravel(), [2.0, -3.0], atol=0.3)
+    predicted = legacy.transform(linear_frame(spark)).select("y", "y__output").toPandas()
+    np.testing.assert_allclose(predicted["y__output"], predicted["y"], atol=0.4)
 
     nan = _estimator(store, _backend(io.StringIO()), model=NaNAfterTwo(), terminate_on_nan=True, epochs=2)
     with pytest.raises(RuntimeError, match=r"ValueError: The loss returned in `training_step` is nan"):
@@ -275,9 +284,13 @@ def test_parameters_lightning_refuses_or_warns_and_min_pl_version(spark, tmp_pat
     assert Version(pl.__version__) >= Version(MIN_PL_VERSION)
     store = Store.create(str(tmp_path))
     df = linear_frame(spark, 8)
+    not_a_module = TorchEstimator(num_proc=2, model="a model", feature_cols=["features"], label_cols=["y"],
+                                  store=store)
+    with pytest.raises(TypeError, match="model= must be a LightningModule .*; got str"):
+        not_a_module.fit(df)
     plain = TorchEstimator(num_proc=2, model=torch.nn.Linear(2, 1), feature_cols=["features"], label_cols=["y"],
                            store=store)
-    with pytest.raises(TypeError, match="model= must be a LightningModule .*, got Linear"):
+    with pytest.raises(ValueError, match="optimizer= is required"):
         plain.fit(df)
     model = Net()
     with_optimizer = TorchEstimator(num_proc=2, model=model, feature_cols=["features"], label_cols=["y"], store=store,

@@ -6,7 +6,8 @@ module's `LightningModule` comes from) with a strategy whose data parallelism is
 (`horovod.spark.lightning.remote`). So `trainer_args`, `logger`, `callbacks`, `profiler`,
 checkpoints, `data_module` and modules with several optimizers behave as Lightning makes them.
 The fitted `TorchModel` holds the trained module (the best checkpoint's when a `ModelCheckpoint`
-was given) and `trainer.logged_metrics` as its history, as Horovod's does.
+was given) and `trainer.logged_metrics` as its history, as Horovod's does. A plain
+`torch.nn.Module` with `optimizer=` and `loss=` trains the same way, wrapped (`legacy`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import cloudpickle
 from horovod.spark.common.data import PreparedData
 from horovod.spark.common.estimator import TrainResult
 from horovod.spark.common.params import param
+from horovod.spark.lightning.legacy import WRAPPED, to_lightning_module
 from horovod.spark.lightning.remote import LightningConfig, train
 from horovod.spark.lightning.strategy import lightning_package
 from horovod.spark.torch.estimator import TorchEstimator as _PlainTorchEstimator
@@ -66,26 +68,40 @@ class TorchEstimator(_PlainTorchEstimator):
                  "val_async_data_loader_queue_size": None}
     _not_honoured = {**{name: reason for name, reason in _PlainTorchEstimator._not_honoured.items()
                         if name != "data_module"},
-                     "train_minibatch_fn": _MODULE_HOOKS, "loss_constructors": _MODULE_HOOKS, "metrics": _MODULE_HOOKS}
+                     "train_minibatch_fn": _MODULE_HOOKS, "metrics": _MODULE_HOOKS}
 
     def __init__(self, **kwargs: Any) -> None:
         package = lightning_package(kwargs.get("model"))
         _check_version(package or "lightning.pytorch")
         super().__init__(**kwargs)
 
-    def _lightning_module(self) -> tuple[Any, str]:
-        """The model and its Lightning package; Horovod's errors for what a module replaces."""
+    def _lightning_module(self) -> tuple[Any, str | None]:
+        """The model and its Lightning package (None: a plain `torch.nn.Module`, which trains
+        wrapped in a LightningModule, Horovod's legacy form); Horovod's errors for what a
+        LightningModule's hooks replace."""
+        import torch
+
         model = self._required("model")
         package = lightning_package(model)
         if package is None:
-            raise TypeError("model= must be a LightningModule (lightning.pytorch or pytorch_lightning), "
-                            f"got {type(model).__name__}")
+            if not isinstance(model, torch.nn.Module):
+                raise TypeError("model= must be a LightningModule (lightning.pytorch or pytorch_lightning), or a "
+                                f"torch.nn.Module with optimizer= and loss=; got {type(model).__name__}")
+            self._required("optimizer")
+            if not self.getOrDefault("loss") and not self.getOrDefault("loss_constructors"):
+                raise ValueError(f"{type(self).__name__}: a torch.nn.Module (not a LightningModule) needs loss= "
+                                 "or loss_constructors=")
+            _check_version("lightning.pytorch")
+            return model, None
         _check_version(package)
         for name, hook in (("optimizer", "configure_optimizers"), ("loss", "training_step"),
                            ("loss_weights", "training_step")):
             if self.getOrDefault(name):
                 raise ValueError(f"Parameter `{name}` cannot be specified with a `LightningModule`. "
                                  f"Implement `LightningModule.{hook}` instead.")
+        if self.getOrDefault("loss_constructors"):
+            warnings.warn(f"{type(self).__name__}: loss_constructors= has no effect here: {_MODULE_HOOKS}",
+                          UserWarning, stacklevel=4)
         num_gpus = self.getOrDefault("num_gpus")
         if num_gpus is not None and int(num_gpus) > 1:
             warnings.warn(f"{type(self).__name__}: num_gpus={num_gpus}: each rank trains on one GPU (its own); "
@@ -109,6 +125,8 @@ class TorchEstimator(_PlainTorchEstimator):
     def _remote_trainer(self, data: PreparedData, run_id: str, num_proc: int) -> Callable[[], TrainResult | None]:
         model, package = self._lightning_module()
         plan = self.plan(data, run_id, num_proc)
+        if package is None:
+            model, package = to_lightning_module(model, self.module_steps(plan)), "lightning.pytorch"
         payload = cloudpickle.dumps((model, self.getOrDefault("logger"), self.getOrDefault("profiler"),
                                      self.getOrDefault("data_module")))
         num_gpus = self.getOrDefault("num_gpus")
@@ -130,7 +148,10 @@ class TorchEstimator(_PlainTorchEstimator):
         import torch
 
         model = copy.deepcopy(self.getOrDefault("model"))
-        model.load_state_dict(torch.load(io.BytesIO(result["state_dict"]), map_location="cpu", weights_only=False))
+        state = torch.load(io.BytesIO(result["state_dict"]), map_location="cpu", weights_only=False)
+        if lightning_package(model) is None:  # the legacy wrapper's weights: the module's, prefixed
+            state = {name[len(WRAPPED) + 1:]: value for name, value in state.items()}
+        model.load_state_dict(state)
         model.eval()
         return TorchModel(history=result["history"], model=model,
                           feature_columns=list(self.getOrDefault("feature_cols")),

@@ -28,7 +28,7 @@ from horovod.spark.common.store import checkpoint_file
 
 
 class Steps(Protocol):
-    """What the training loop (`train`) computes for one batch: `_ModuleSteps` for an
+    """What the training loop (`train`) computes for one batch: `ModuleSteps` for an
     `nn.Module` with a loss, or the user's `train_minibatch_fn`."""
 
     def optimizer(self, model: Any) -> tuple[Any, Any]:
@@ -66,7 +66,7 @@ def transform_outputs(outputs: Any, labels: list[Any]) -> tuple[list[Any], list[
 
 
 @dataclass(frozen=True)
-class _ModuleSteps:
+class ModuleSteps:
     """`TorchEstimator`'s steps: `loss(model(*features), labels)`, metrics on the outputs, or the
     user's `train_minibatch_fn` for the whole step."""
 
@@ -85,7 +85,7 @@ class _ModuleSteps:
         optimizer.load_state_dict(self.optimizer_state)
         return optimizer, None
 
-    def _unpack(self, batch: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
+    def unpack(self, batch: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
         weights = self.plan.sample_weight_col
         return self.plan.inputs(batch), self.plan.labels(batch), batch[weights] if weights else None
 
@@ -107,7 +107,7 @@ class _ModuleSteps:
 
     def train_step(self, model: Any, optimizer: Any, batch: dict[str, Any], index: int, last: bool
                    ) -> tuple[Any, dict[str, float]]:
-        inputs, labels, weights = self._unpack(batch)
+        inputs, labels, weights = self.unpack(batch)
         if self.train_minibatch_fn is not None:
             outputs, loss = self.train_minibatch_fn()(model, optimizer, transform_outputs, self.loss, inputs,
                                                       labels, weights)
@@ -124,7 +124,7 @@ class _ModuleSteps:
         return loss, self._metrics(outputs, labels)
 
     def val_step(self, model: Any, batch: dict[str, Any], index: int) -> dict[str, float]:
-        inputs, labels, weights = self._unpack(batch)
+        inputs, labels, weights = self.unpack(batch)
         outputs, labels = transform_outputs(model(*inputs), labels)
         return {"val_loss": self.loss(outputs, labels, weights).item()}
 
@@ -276,16 +276,21 @@ class TorchEstimator(HorovodEstimator):
             print(f"Resuming training from last checkpoint: {path}", flush=True)
         return store.read(path)
 
-    def _remote_trainer(self, data: PreparedData, run_id: str, num_proc: int) -> Callable[[], TrainResult | None]:
+    def module_steps(self, plan: TrainingPlan) -> ModuleSteps:
+        """What one batch computes with this estimator's optimizer, losses, weights and metrics
+        (also what `horovod.spark.lightning` wraps a plain module's training in)."""
         optimizer = self._required("optimizer")
-        plan = self.plan(data, run_id, num_proc)
         loss_weights = self.getOrDefault("loss_weights") or [1.0] * len(plan.label_cols)
-        steps = _ModuleSteps(
+        return ModuleSteps(
             optimizer_cls=type(optimizer), optimizer_defaults=dict(optimizer.defaults),
             optimizer_state=optimizer.state_dict(), losses=self._losses(len(plan.label_cols)),
             loss_weights=[float(w) for w in loss_weights], metrics=list(self.getOrDefault("metrics") or []),
             plan=plan, train_minibatch_fn=self.getOrDefault("train_minibatch_fn"),
             backward_passes_per_step=int(self.getOrDefault("backward_passes_per_step")))
+
+    def _remote_trainer(self, data: PreparedData, run_id: str, num_proc: int) -> Callable[[], TrainResult | None]:
+        plan = self.plan(data, run_id, num_proc)
+        steps = self.module_steps(plan)
         config = TrainConfig(cloudpickle.dumps(self.getOrDefault("model")), steps,
                              self.getOrDefault("gradient_compression"), plan,
                              steps.backward_passes_per_step, self._resume_from(run_id))
