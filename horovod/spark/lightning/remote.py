@@ -204,7 +204,7 @@ def train(config: LightningConfig) -> TrainResult | None:
     hvd.init()
     try:
         if plan.seed is not None:
-            pl.seed_everything(plan.seed, verbose=False)
+            pl.seed_everything(plan.seed)
         model, logger, profiler, data_module = cloudpickle.loads(config.payload)
         rank, size = hvd.rank(), hvd.size()
         device = _device(torch, hvd, config)
