@@ -121,10 +121,11 @@ def test_horovod_example_flow_checkpoint_logger_resume_transform(spark, tmp_path
     assert sums and all(len(set(found.split(", "))) == 1 for found in sums), sums
     # The ranks agree on every batch and on when EarlyStopping stops.
     ended = {rank: re.findall(rf"rank {rank}: train epoch (\d+) ended after (\d+) batches", text) for rank in (0, 1)}
-    assert ended[0] == ended[1] and 3 <= len(ended[0]) <= 8, ended
+    assert ended[0] == ended[1] and 3 <= len(ended[0]) <= 8, (ended, text[-4000:])
     history = fitted.getHistory()
-    assert set(history) == {"train_loss", "val_loss"} and history["val_loss"] < 0.05, history
-    np.testing.assert_allclose(fitted.getModel().layer.weight.detach().numpy().ravel(), [2.0, -3.0], atol=0.2)
+    assert set(history) == {"train_loss", "val_loss"} and history["val_loss"] < 0.05, (history, text[-4000:])
+    np.testing.assert_allclose(fitted.getModel().layer.weight.detach().numpy().ravel(), [2.0, -3.0], atol=0.2,
+                               err_msg=text[-4000:])
 
     checkpoints = store.get_checkpoints("example")
     assert [os.path.basename(path) for path in checkpoints] == ["checkpoint.ckpt"]
@@ -140,7 +141,7 @@ def test_horovod_example_flow_checkpoint_logger_resume_transform(spark, tmp_path
     loaded = TorchModel.load(path)
     assert loaded.getHistory() == history
     np.testing.assert_allclose(loaded.setOutputCols(["y_pred"]).transform(df).select("y_pred").toPandas()["y_pred"],
-                               predicted["y_pred"], rtol=1e-6)
+                               predicted["y_pred"], rtol=1e-5, atol=1e-6)
 
     # The same run_id resumes from its checkpoint (the best epoch's): the epochs after it, to 10.
     capsys.readouterr()
@@ -148,7 +149,8 @@ def test_horovod_example_flow_checkpoint_logger_resume_transform(spark, tmp_path
     _estimator(store, _backend(output), callbacks=[EpochCounter()], run_id="example", epochs=10).fit(df)
     assert f"Resuming training from last checkpoint: {checkpoints[0]}" in capsys.readouterr().out
     resumed = re.findall(r"rank 0: train epoch (\d+) ended", output.getvalue())
-    assert resumed == [str(epoch) for epoch in range(saved["epoch"] + 1, 10)], output.getvalue()[-3000:]
+    assert resumed == [str(epoch) for epoch in range(saved["epoch"] + 1, 10)], (saved["epoch"], output.getvalue()[-4000:])
+    assert torch.load(checkpoints[0], weights_only=False)["epoch"] == 9
 
 
 class TwoOptimizers(pl_classic.LightningModule):

@@ -159,12 +159,13 @@ def _logger(pl: Any, logger: Any, logs_path: str) -> Any:
     """The user's logger writing under the run's `logs/`, or Lightning's TensorBoard logger there."""
     if logger is None:
         return pl.loggers.TensorBoardLogger(logs_path)
-    for attribute in ("save_dir", "_save_dir", "_root_dir"):
-        try:
+    for attribute in ("_save_dir", "_root_dir"):  # where Lightning's own loggers keep it
+        if attribute in vars(logger):
             setattr(logger, attribute, logs_path)
-            return logger
-        except AttributeError:
-            continue
+    try:
+        logger.save_dir = logs_path  # a logger keeping it as a plain attribute
+    except AttributeError:  # a read-only property: set above
+        pass
     return logger
 
 
