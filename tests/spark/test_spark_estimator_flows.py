@@ -95,7 +95,9 @@ def test_mnist_style_flow_with_backend_input_shapes_callbacks_readers_and_resume
 
     scaled = df.select(F.transform(vector_to_array("features"), lambda v: v / 255.0).alias("features"), "label")
     predicted = fitted.transform(scaled).toPandas()
-    accuracy = np.mean([np.argmax(out) == label for out, label in zip(predicted["label__output"], predicted["label"])])
+    assert dict(fitted.transform(scaled).dtypes)["label__output"] == "vector"  # class scores: a DenseVector
+    accuracy = np.mean([np.argmax(out.toArray()) == label
+                        for out, label in zip(predicted["label__output"], predicted["label"])])
     assert accuracy > 0.9
 
     # The same run_id again resumes from the run's checkpoint: it starts where the first fit ended.

@@ -40,3 +40,10 @@ def test_torch_estimator_example(spark, tmp_path):
 def test_keras_estimator_example(spark, tmp_path):
     pytest.importorskip("keras")
     assert _load("keras_estimator.py").main(spark, num_proc=2, store_path=str(tmp_path), epochs=4) > 0.9
+
+
+def test_lightning_estimator_example(spark, tmp_path, capsys):
+    pytest.importorskip("lightning")
+    assert _load("lightning_estimator.py").main(spark, num_proc=2, store_path=str(tmp_path), epochs=4) > 0.9
+    out = capsys.readouterr().out
+    assert "[0]<stdout>:epoch 3 ended: val_loss=" in out and "checkpoint.ckpt" in out

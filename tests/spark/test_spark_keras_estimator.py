@@ -107,3 +107,14 @@ def test_sample_weights_checkpoint_callback_custom_objects_compression_backend_e
     predicted = fitted.transform(df).select("y", "y__output", "w").toPandas()
     kept = predicted[predicted["w"] == 1]
     np.testing.assert_allclose(kept["y__output"], kept["y"], atol=0.4)
+
+    # Saved and loaded back as a Spark ML model, it keeps its custom layer (custom_objects).
+    from horovod.spark.keras import KerasModel
+
+    path = str(tmp_path / "saved-model")
+    fitted.write().overwrite().save(path)
+    loaded = KerasModel.load(path)
+    assert list(loaded.getCustomObjects()) == ["Scale"]  # the class travels by value, as to the ranks
+    assert [type(layer).__name__ for layer in loaded.getModel().layers] == ["Scale", "Dense"]
+    again = loaded.transform(df).select("y__output").toPandas()
+    np.testing.assert_allclose(again["y__output"], predicted["y__output"], rtol=1e-5)

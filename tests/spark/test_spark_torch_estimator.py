@@ -104,3 +104,44 @@ def test_backend_runs_training_and_a_custom_backend_works(spark, tmp_path):
         SparkBackend(num_proc=2, bogus=1)
     with pytest.raises(NotImplementedError, match="must implement run"):
         Backend().run(print)
+
+
+class Heads(torch.nn.Module):
+    """Five outputs, one per kind of label: the prediction columns take Horovod's types."""
+
+    def forward(self, x):
+        return x * 1.0, torch.relu(x), x[:, :1] * 2.6, x[:, :1] / 2, x.repeat(1, 2)
+
+
+def test_transform_output_columns_take_the_types_horovod_gives_them(spark):
+    """A dense/sparse vector label gets a vector of that kind, a numeric one its own type (an
+    integer rounded), several values for a number a dense vector; names are <label>__output."""
+    import sys
+
+    import cloudpickle
+    from pyspark.ml.linalg import DenseVector, SparseVector, Vectors, VectorUDT
+    from pyspark.sql.types import FloatType, IntegerType
+
+    from horovod.spark.torch import TorchModel
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    labels = ["dense", "sparse", "count", "ratio", "kind"]
+    model = TorchModel(model=Heads(), feature_columns=["features"], label_columns=labels,
+                       _metadata={"output_shapes": [(3,), (3,), (1,), (1,), (6,)], "input_shapes": None,
+                                  "column_types": {"dense": "dense_vector", "sparse": "sparse_vector",
+                                                   "count": "int", "ratio": "float", "kind": "double"}})
+    df = spark.createDataFrame([(Vectors.dense([1.0, -2.0, 0.5]),), (Vectors.dense([-1.0, 3.0, 0.0]),)],
+                               ["features"])
+    out = model.transform(df)
+    types = {field.name: type(field.dataType) for field in out.schema.fields}
+    assert types == {"features": VectorUDT, "dense__output": VectorUDT, "sparse__output": VectorUDT,
+                     "count__output": IntegerType, "ratio__output": FloatType, "kind__output": VectorUDT}
+    first = out.collect()[0]
+    assert isinstance(first["dense__output"], DenseVector) and list(first["dense__output"]) == [1.0, -2.0, 0.5]
+    assert first["sparse__output"] == SparseVector(3, {0: 1.0, 2: 0.5})
+    assert first["count__output"] == 3 and first["ratio__output"] == 0.5
+    assert isinstance(first["kind__output"], DenseVector) and len(first["kind__output"]) == 6
+    # A model saved before column types were kept: a number stays a double.
+    legacy = model.copy()
+    legacy._set(_metadata={"output_shapes": [(3,), (3,), (1,), (1,), (6,)], "input_shapes": None})
+    assert dict(legacy.transform(df).dtypes)["count__output"] == "double"

@@ -15,13 +15,17 @@ from horovod.spark.common.store import FilesystemStore
 
 @dataclass(frozen=True)
 class PreparedData:
-    """Where a fit's data went, how many rows, and each column's shape per row (() for a number)."""
+    """Where a fit's data went, how many rows, each column's shape per row (() for a number) and
+    its Spark type as the DataFrame had it (`column_types`: 'dense_vector' / 'sparse_vector' for
+    ML vectors, else the type's simpleString, e.g. 'double', 'int'): the model's predictions
+    take their label's type."""
 
     train_path: str
     val_path: str | None
     train_rows: int
     val_rows: int
     shapes: dict[str, tuple[int, ...]]
+    column_types: dict[str, str]
 
 
 def _as_arrays(df: Any, columns: Sequence[str]) -> Any:
@@ -47,11 +51,23 @@ def _shapes(df: Any, columns: Sequence[str]) -> dict[str, tuple[int, ...]]:
     return {col: (len(first[col]),) if isinstance(types[col], ArrayType) else () for col in columns}
 
 
+def _column_types(df: Any, columns: Sequence[str]) -> dict[str, str]:
+    """Each column's Spark type (an ML vector is dense or sparse by its first row's value)."""
+    from pyspark.ml.linalg import SparseVector, VectorUDT
+
+    types = {field.name: field.dataType for field in df.schema.fields}
+    vectors = [col for col in columns if isinstance(types.get(col), VectorUDT)]
+    first = df.select(vectors).first() if vectors else None
+    return {col: ("sparse_vector" if first is not None and isinstance(first[col], SparseVector) else "dense_vector")
+            if col in vectors else types[col].simpleString() for col in columns if col in types}
+
+
 def prepare_data(df: Any, store: FilesystemStore, run_id: str, columns: Sequence[str],
                  validation: float | str | None, partitions: int, seed: int | None) -> PreparedData:
     """Write `columns` of the training (and validation) rows of `df` as Parquet in `store` for run
     `run_id`."""
     columns = list(dict.fromkeys(columns))
+    column_types = _column_types(df, columns)
     if isinstance(validation, str):
         selected = _as_arrays(df, [*columns, validation])
         train, val = (selected.filter(~selected[validation]).drop(validation),
@@ -70,5 +86,6 @@ def prepare_data(df: Any, store: FilesystemStore, run_id: str, columns: Sequence
         val_path = store.get_val_data_path(run_id)
         val.repartition(partitions).write.mode("overwrite").parquet(store.get_full_path(val_path))
         val_rows = store.get_parquet_dataset(val_path).count_rows()
-    return PreparedData(train_path, val_path, store.get_parquet_dataset(train_path).count_rows(), val_rows, shapes)
+    return PreparedData(train_path, val_path, store.get_parquet_dataset(train_path).count_rows(), val_rows, shapes,
+                        column_types)
 

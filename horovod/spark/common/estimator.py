@@ -19,6 +19,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import cloudpickle
 import fsspec
 import pandas as pd
 from pyspark.ml import Estimator, Model
@@ -107,6 +108,31 @@ def run_callbacks(callbacks: Sequence[Any], hook: str, *args: Any) -> None:
         method = getattr(callback, hook, None)
         if callable(method):
             method(*args)
+
+_INTEGRAL_TYPES = ("tinyint", "smallint", "int", "bigint")
+
+
+def _typed_output(column: Any, label_type: str | None, one: bool) -> Any:
+    """A prediction column (a double, or an array of doubles) in the type Horovod gives it for a
+    label of Spark type `label_type` (see `PreparedData.column_types`)."""
+    from pyspark.ml.functions import array_to_vector
+    from pyspark.ml.linalg import SparseVector, VectorUDT
+    from pyspark.sql.functions import array, round as round_, udf
+
+    if label_type in ("dense_vector", "sparse_vector"):
+        values = array(column) if one else column
+        if label_type == "dense_vector":
+            return array_to_vector(values)
+        to_sparse = udf(lambda v: SparseVector(len(v), {i: x for i, x in enumerate(v) if x != 0.0}), VectorUDT())
+        return to_sparse(values)
+    if not one:
+        return array_to_vector(column)
+    if label_type in _INTEGRAL_TYPES:
+        return round_(column).cast(label_type)
+    if label_type == "float":
+        return column.cast("float")
+    return column
+
 
 _SAVED_PARAMS = ("history", "feature_columns", "label_columns", "output_cols", "run_id", "_metadata")
 
@@ -212,6 +238,10 @@ class HorovodEstimator(Estimator, EstimatorParams):
             label_shapes=self.getOrDefault("label_shapes"), callbacks=list(self.getOrDefault("callbacks") or []),
             use_gpu=bool(self.getOrDefault("use_gpu")))
 
+    def _model_metadata(self, result: TrainResult, data: PreparedData) -> dict[str, Any]:
+        """What a fitted model keeps of its training: output shapes, column shapes and types."""
+        return {"output_shapes": result["output_shapes"], "shapes": data.shapes, "column_types": data.column_types}
+
     @abc.abstractmethod
     def _remote_trainer(self, data: PreparedData, run_id: str, num_proc: int) -> Callable[[], TrainResult | None]:
         """Defined by each concrete class."""
@@ -223,6 +253,10 @@ class HorovodEstimator(Estimator, EstimatorParams):
 
 class HorovodModel(Model, ModelParams, MLWritable, MLReadable):
     """The framework-independent half of `TorchModel` and `KerasModel`."""
+
+    #: Parameters that are Python objects (Keras's `custom_objects`: the user's classes): saved
+    #: with cloudpickle beside the JSON ones, and read back before the model, which needs them.
+    _PICKLED_PARAMS: tuple[str, ...] = ()
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
@@ -237,13 +271,17 @@ class HorovodModel(Model, ModelParams, MLWritable, MLReadable):
                     [f"{label}__output" for label in self.getOrDefault("label_columns")])
 
     def _transform(self, df: Any) -> Any:
+        """`df` with one prediction column per output, as Horovod's models: an ML vector (dense or
+        sparse) for a vector label, the label's own type for a number (integers rounded), and a
+        dense vector where a numeric label gets several values (e.g. class scores)."""
         from pyspark.ml.functions import vector_to_array
         from pyspark.ml.linalg import VectorUDT
-        from pyspark.sql.functions import pandas_udf
+        from pyspark.sql.functions import col, pandas_udf
         from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
 
         features, outputs = list(self.getOrDefault("feature_columns")), self.output_columns()
-        shapes = self.getOrDefault("_metadata")["output_shapes"]
+        metadata = self.getOrDefault("_metadata")
+        shapes, label_types = metadata["output_shapes"], metadata.get("column_types", {})
         if len(shapes) != len(outputs):
             raise ValueError(f"the model has {len(shapes)} outputs but output_cols names {len(outputs)}")
         scalar = [math.prod(shape) <= 1 for shape in shapes]
@@ -260,10 +298,11 @@ class HorovodModel(Model, ModelParams, MLWritable, MLReadable):
             return pd.DataFrame(frame, index=columns[0].index)
 
         types = {field.name: field.dataType for field in df.schema.fields}
-        inputs = [vector_to_array(df[col]) if isinstance(types.get(col), VectorUDT) else df[col] for col in features]
+        inputs = [vector_to_array(df[c]) if isinstance(types.get(c), VectorUDT) else df[c] for c in features]
         packed = "__hvd_outputs"
-        return (df.withColumn(packed, pandas_udf(apply, schema)(*inputs))
-                .select("*", f"{packed}.*").drop(packed))
+        typed = [_typed_output(col(f"{packed}.{name}"), label_types.get(label), one).alias(name)
+                 for name, label, one in zip(outputs, self.getOrDefault("label_columns"), scalar)]
+        return df.withColumn(packed, pandas_udf(apply, schema)(*inputs)).select("*", *typed).drop(packed)
 
     @abc.abstractmethod
     def _predict_fn(self) -> Callable[[list[Any]], list[Any]]:
@@ -275,8 +314,9 @@ class HorovodModel(Model, ModelParams, MLWritable, MLReadable):
 
     @classmethod
     @abc.abstractmethod
-    def from_model_bytes(cls, data: bytes) -> Any:
-        """The framework's model back from `model_bytes` (what `load` reads from model.bin)."""
+    def from_model_bytes(cls, data: bytes, params: dict[str, Any]) -> Any:
+        """The framework's model back from `model_bytes` (what `load` reads from model.bin), given
+        the model's `_PICKLED_PARAMS`."""
 
     def write(self) -> MLWriter:
         return _ModelWriter(self)
@@ -287,7 +327,8 @@ class HorovodModel(Model, ModelParams, MLWritable, MLReadable):
 
 
 class _ModelWriter(MLWriter):
-    """Saves a model as `metadata.json` (its parameters) and `model.bin` (the framework's bytes)."""
+    """Saves a model as `metadata.json` (its parameters), `model.bin` (the framework's bytes) and,
+    for a model with `_PICKLED_PARAMS`, `params.pkl` (those, cloudpickled)."""
 
     def __init__(self, instance: HorovodModel) -> None:
         super().__init__()
@@ -302,6 +343,10 @@ class _ModelWriter(MLWriter):
             json.dump(metadata, f)
         with fs.open(posixpath.join(root, "model.bin"), "wb") as f:
             f.write(self.instance.model_bytes())
+        if self.instance._PICKLED_PARAMS:
+            pickled = {name: self.instance.getOrDefault(name) for name in self.instance._PICKLED_PARAMS}
+            with fs.open(posixpath.join(root, "params.pkl"), "wb") as f:
+                f.write(cloudpickle.dumps(pickled))
 
 
 class _ModelReader(MLReader):
@@ -316,9 +361,13 @@ class _ModelReader(MLReader):
         expected = f"{self.cls.__module__}.{self.cls.__qualname__}"
         if metadata.get("class") != expected:
             raise ValueError(f"{path} holds a {metadata.get('class')}, not a {expected}")
+        pickled: dict[str, Any] = {}
+        if self.cls._PICKLED_PARAMS:
+            with fs.open(posixpath.join(root, "params.pkl"), "rb") as f:
+                pickled = cloudpickle.loads(f.read())
         with fs.open(posixpath.join(root, "model.bin"), "rb") as f:
-            model = self.cls.from_model_bytes(f.read())
-        params = metadata["params"]
+            model = self.cls.from_model_bytes(f.read(), pickled)
+        params = {**metadata["params"], **pickled}
         if params.get("_metadata"):
             params["_metadata"]["output_shapes"] = [tuple(s) for s in params["_metadata"]["output_shapes"]]
         return self.cls(model=model, **params)

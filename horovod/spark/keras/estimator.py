@@ -157,13 +157,15 @@ class KerasEstimator(HorovodEstimator):
                           model=model_from_bytes(result["model"], custom_objects=custom_objects),
                           feature_columns=list(self.getOrDefault("feature_cols")),
                           label_columns=list(self.getOrDefault("label_cols")), run_id=run_id,
-                          _metadata={"output_shapes": result["output_shapes"], "shapes": data.shapes})
+                          _metadata=self._model_metadata(result, data))
 
 
 class KerasModel(HorovodModel):
     """A trained Keras model as a Spark ML transformer: `transform(df)` adds the predictions."""
 
     custom_objects = param("custom_objects", "the model's own layers, losses, ... by name, for loading it")
+
+    _PICKLED_PARAMS = ("custom_objects",)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -187,5 +189,5 @@ class KerasModel(HorovodModel):
         return model_to_bytes(self.getOrDefault("model"))
 
     @classmethod
-    def from_model_bytes(cls, data: bytes) -> Any:
-        return model_from_bytes(data)
+    def from_model_bytes(cls, data: bytes, params: dict[str, Any]) -> Any:
+        return model_from_bytes(data, custom_objects=params.get("custom_objects") or None)

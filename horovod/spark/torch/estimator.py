@@ -8,8 +8,8 @@ epoch (`torch.save` of the model's and optimizer's state, and the epoch). The mo
 reshaped to the output's shape when they hold as many values (a (B,) column against a (B, 1)
 output), so a plain `mse_loss` works.
 
-The loop (`train`) is shared with `horovod.spark.lightning`: what differs between the two is a
-`Steps` object (how the optimizer is built, what one training and one validation batch compute).
+The loop (`train`) is separate from what one batch computes: a `Steps` object says how the
+optimizer is built and what one training and one validation batch compute.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from horovod.spark.common.store import checkpoint_file
 
 
 class Steps(Protocol):
-    """What one kind of estimator computes inside the shared training loop (`train`): this
-    module's for a plain `nn.Module`, `horovod.spark.lightning`'s for a LightningModule."""
+    """What the training loop (`train`) computes for one batch: `ModuleSteps` for an
+    `nn.Module` with a loss, or the user's `train_minibatch_fn`."""
 
     def optimizer(self, model: Any) -> tuple[Any, Any]:
         """The optimizer for this rank's `model`, and an LR scheduler stepped per epoch (or None)."""
@@ -66,7 +66,7 @@ def transform_outputs(outputs: Any, labels: list[Any]) -> tuple[list[Any], list[
 
 
 @dataclass(frozen=True)
-class _ModuleSteps:
+class ModuleSteps:
     """`TorchEstimator`'s steps: `loss(model(*features), labels)`, metrics on the outputs, or the
     user's `train_minibatch_fn` for the whole step."""
 
@@ -85,7 +85,7 @@ class _ModuleSteps:
         optimizer.load_state_dict(self.optimizer_state)
         return optimizer, None
 
-    def _unpack(self, batch: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
+    def unpack(self, batch: dict[str, Any]) -> tuple[list[Any], list[Any], Any]:
         weights = self.plan.sample_weight_col
         return self.plan.inputs(batch), self.plan.labels(batch), batch[weights] if weights else None
 
@@ -107,7 +107,7 @@ class _ModuleSteps:
 
     def train_step(self, model: Any, optimizer: Any, batch: dict[str, Any], index: int, last: bool
                    ) -> tuple[Any, dict[str, float]]:
-        inputs, labels, weights = self._unpack(batch)
+        inputs, labels, weights = self.unpack(batch)
         if self.train_minibatch_fn is not None:
             outputs, loss = self.train_minibatch_fn()(model, optimizer, transform_outputs, self.loss, inputs,
                                                       labels, weights)
@@ -124,7 +124,7 @@ class _ModuleSteps:
         return loss, self._metrics(outputs, labels)
 
     def val_step(self, model: Any, batch: dict[str, Any], index: int) -> dict[str, float]:
-        inputs, labels, weights = self._unpack(batch)
+        inputs, labels, weights = self.unpack(batch)
         outputs, labels = transform_outputs(model(*inputs), labels)
         return {"val_loss": self.loss(outputs, labels, weights).item()}
 
@@ -276,16 +276,21 @@ class TorchEstimator(HorovodEstimator):
             print(f"Resuming training from last checkpoint: {path}", flush=True)
         return store.read(path)
 
-    def _remote_trainer(self, data: PreparedData, run_id: str, num_proc: int) -> Callable[[], TrainResult | None]:
+    def module_steps(self, plan: TrainingPlan) -> ModuleSteps:
+        """What one batch computes with this estimator's optimizer, losses, weights and metrics
+        (also what `horovod.spark.lightning` wraps a plain module's training in)."""
         optimizer = self._required("optimizer")
-        plan = self.plan(data, run_id, num_proc)
         loss_weights = self.getOrDefault("loss_weights") or [1.0] * len(plan.label_cols)
-        steps = _ModuleSteps(
+        return ModuleSteps(
             optimizer_cls=type(optimizer), optimizer_defaults=dict(optimizer.defaults),
             optimizer_state=optimizer.state_dict(), losses=self._losses(len(plan.label_cols)),
             loss_weights=[float(w) for w in loss_weights], metrics=list(self.getOrDefault("metrics") or []),
             plan=plan, train_minibatch_fn=self.getOrDefault("train_minibatch_fn"),
             backward_passes_per_step=int(self.getOrDefault("backward_passes_per_step")))
+
+    def _remote_trainer(self, data: PreparedData, run_id: str, num_proc: int) -> Callable[[], TrainResult | None]:
+        plan = self.plan(data, run_id, num_proc)
+        steps = self.module_steps(plan)
         config = TrainConfig(cloudpickle.dumps(self.getOrDefault("model")), steps,
                              self.getOrDefault("gradient_compression"), plan,
                              steps.backward_passes_per_step, self._resume_from(run_id))
@@ -298,7 +303,7 @@ class TorchEstimator(HorovodEstimator):
         return self._model_class()(history=result["history"], model=cloudpickle.loads(result["model"]),
                           feature_columns=list(self.getOrDefault("feature_cols")),
                           label_columns=list(self.getOrDefault("label_cols")), run_id=run_id,
-                          _metadata={"output_shapes": result["output_shapes"], "shapes": data.shapes,
+                          _metadata={**self._model_metadata(result, data),
                                      "input_shapes": self.getOrDefault("input_shapes")})
 
 
@@ -328,5 +333,5 @@ class TorchModel(HorovodModel):
         return cloudpickle.dumps(self.getOrDefault("model"))
 
     @classmethod
-    def from_model_bytes(cls, data: bytes) -> Any:
+    def from_model_bytes(cls, data: bytes, params: dict[str, Any]) -> Any:
         return cloudpickle.loads(data)
