@@ -91,11 +91,13 @@ def case(fw, label, fn):
         results[f"{fw}:{label}"] = [[c.__name__ for c in type(exc).__mro__], str(exc)]
 def twice(start, base):
     # Rank r's first op (named base.r) cannot complete before the other rank submits that name, which
-    # it does only after its own second submission: so the second always finds the first in flight.
+    # it does only after both ranks made their second submission (the blocking op between): so the
+    # second always finds the first in flight, however late a loaded machine runs this rank.
     first = start(f"{base}.{r}")
     try:
         start(f"{base}.{r}")
     finally:
+        hvd.allreduce(T([1.0]), name=f"{base}.both_tried")
         other = start(f"{base}.{1 - r}")
         hvd.synchronize(first)
         hvd.synchronize(other)
