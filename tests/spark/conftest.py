@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from typing import Iterator
 
 import pytest
@@ -41,14 +42,23 @@ def start_spark(executors: int = 2, cores: int = 1, app: str = "khorovod-tests",
     builder = SparkSession.builder
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
-    return (builder.master(f"local-cluster[{executors},{cores},1024]").appName(app)
-            .config("spark.ui.enabled", "false")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.sql.shuffle.partitions", "2")
-            # A barrier stage larger than the cluster fails after this many checks, not 40 x 15 s.
-            .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "1")
-            .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
-            .getOrCreate())
+    session = (builder.master(f"local-cluster[{executors},{cores},1024]").appName(app)
+               .config("spark.ui.enabled", "false")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.sql.shuffle.partitions", "2")
+               # A barrier stage larger than the cluster fails after this many checks, not 40 x 15 s.
+               .config("spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures", "1")
+               .config("spark.scheduler.barrier.maxConcurrentTasksCheck.interval", "1s")
+               .getOrCreate())
+    # Hence every executor must have registered before a test starts a barrier stage: on a loaded
+    # machine the JVMs take longer than those two checks.
+    status = session.sparkContext._jsc.sc().getExecutorMemoryStatus  # the driver, and each executor
+    deadline = time.monotonic() + 180
+    while status().size() < executors + 1:
+        if time.monotonic() > deadline:
+            engine_unavailable(f"only {status().size() - 1} of {executors} Spark executors registered within 180 s")
+        time.sleep(0.2)
+    return session
 
 
 @pytest.fixture(scope="session")
