@@ -20,27 +20,46 @@ on the kernel places it.
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 from horovod.common.logging import log
 from horovod.common.partition import even_counts, offsets
 
 _TASKS = "/proc/self/task"
-# How often a bound rank looks at how long it waited to run, and the share of that time beyond
-# which its core counts as shared with other work.
+# How often a bound rank looks at how long its threads waited to run, and the share of that time
+# which other work must have taken on its cores for them to count as shared.
 _REVIEW_SECONDS = 0.5
 _CONTENDED = 0.25
 
 
-def run_delay_seconds() -> float | None:
-    """How long the calling thread has been runnable without running (the kernel's schedstat),
-    or None where the kernel does not say."""
+def thread_times() -> dict[int, tuple[float, float]] | None:
+    """Each thread of this process: (seconds running, seconds runnable but waiting), from the
+    kernel's schedstat; None where the kernel does not say."""
+    times: dict[int, tuple[float, float]] = {}
     try:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1]) / 1e9
-    except (OSError, ValueError, IndexError):
+        threads = os.listdir(_TASKS)
+    except OSError:
         return None
+    for tid in threads:
+        try:
+            with open(f"{_TASKS}/{tid}/schedstat") as f:
+                fields = f.read().split()
+            times[int(tid)] = (int(fields[0]) / 1e9, int(fields[1]) / 1e9)
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+        except (OSError, ValueError, IndexError):
+            return None
+    return times
+
+
+def foreign_work(before: dict[int, tuple[float, float]], after: dict[int, tuple[float, float]]) -> float:
+    """The least time other processes must have run on this process's cores between two
+    `thread_times`: while a thread waited, either another of our threads ran or someone else's
+    did. Our own threads wait for each other too (the engine's thread behind a caller that spins
+    on the core), and that must not count."""
+    deltas = [(after[t][0] - before[t][0], after[t][1] - before[t][1]) for t in after.keys() & before.keys()]
+    running = sum(run for run, _ in deltas)
+    return max((wait - (running - run) for run, wait in deltas), default=0.0)
 
 
 def _set_all_threads(cpus: set[int]) -> None:
@@ -63,7 +82,7 @@ class CoreShare:
         self.cpus: set[int] | None = None  # our share while bound
         self._original: set[int] | None = None
         self._next_review = 0.0  # when `contended` looks next (0: not bound)
-        self._sample: tuple[int, float, float] | None = None  # (thread, run delay, time) at the last look
+        self._sample: tuple[float, dict[int, tuple[float, float]]] | None = None  # (time, thread_times) at the last look
 
     def bind(self, index: int, local_size: int) -> set[int] | None:
         """Restrict this process to local rank `index`'s share of the cores; the share, or None
@@ -81,24 +100,25 @@ class CoreShare:
         return self.cpus
 
     def contended(self) -> bool:
-        """Called as operations run: True once, when this bound rank has waited to run for more
-        than `_CONTENDED` of the time since the last look (other work shares its core); the
-        binding is released then. Looks at most every `_REVIEW_SECONDS`."""
+        """Called as operations run: True once, when other processes took more than
+        `_CONTENDED` of the time since the last look on this bound rank's cores, keeping its
+        threads waiting (`foreign_work`); the binding is released then. Looks at most every
+        `_REVIEW_SECONDS`."""
         if not self._next_review or time.monotonic() < self._next_review:
             return False
-        now, delay, thread = time.monotonic(), run_delay_seconds(), threading.get_native_id()
-        if delay is None:
+        now, times = time.monotonic(), thread_times()
+        if times is None:
             self._next_review = 0.0  # the kernel does not say: stay bound
             return False
         self._next_review = now + _REVIEW_SECONDS
-        previous, self._sample = self._sample, (thread, delay, now)
-        if previous is None or previous[0] != thread:
+        previous, self._sample = self._sample, (now, times)
+        if previous is None:
             return False
-        share = (delay - previous[1]) / (now - previous[2])
+        share = foreign_work(previous[1], times) / (now - previous[0])
         if share <= _CONTENDED:
             return False
-        log.info("placement: this rank waited to run %.0f%% of the last %.1f s (its core is shared with "
-                 "other work); the kernel places it from now on", 100 * share, now - previous[2])
+        log.info("placement: other work kept this rank's threads waiting %.0f%% of the last %.1f s (its core "
+                 "is shared); the kernel places it from now on", 100 * share, now - previous[0])
         self.release()
         return True
 
