@@ -12,6 +12,14 @@ from multirank import hvdrun
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
 
+def whole_machine() -> list[int]:
+    """Every core, where this test process may use all of them (else the test is skipped)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) != os.cpu_count() or len(cores) < 2:
+        pytest.skip("this test process is already placed on some of the cores, or there is one core")
+    return cores
+
+
 REPORT = r'''
 import os, threading
 import numpy as np
@@ -31,9 +39,7 @@ report(bound=bound, thread=thread, after=sorted(os.sched_getaffinity(0)), total=
 
 
 def test_local_ranks_get_disjoint_shares_and_get_everything_back_at_shutdown() -> None:
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) != os.cpu_count() or len(cores) < 2:
-        pytest.skip("this test process is already placed on some of the cores, or there is one core")
+    cores = whole_machine()
     result = hvdrun(REPORT.format(before="")).check()
     shares = [result.ranks[r]["bound"] for r in (0, 1)]
     assert all(shares) and not set(shares[0]) & set(shares[1])
@@ -85,9 +91,7 @@ def test_a_rank_whose_core_is_shared_with_a_busy_process_is_left_to_the_kernel()
     """A bound rank cannot move away from another job's busy process on its core, and its peer
     waits for it at every step: once it has waited to run for a quarter of the time, its binding
     goes (the results stay exact)."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) != os.cpu_count() or len(cores) < 2:
-        pytest.skip("this test process is already placed on some of the cores, or there is one core")
+    cores = whole_machine()
     result = hvdrun(SHARED_CORE.format(hog=True)).check()
     for r in (0, 1):
         values = result.ranks[r]
@@ -98,9 +102,7 @@ def test_a_rank_whose_core_is_shared_with_a_busy_process_is_left_to_the_kernel()
 def test_a_rank_with_its_cores_to_itself_stays_bound() -> None:
     """The rank's own threads wait for each other (the engine's thread behind a caller that spins
     on the core): that is not other work, and the binding stays for the whole job."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) != os.cpu_count() or len(cores) < 2:
-        pytest.skip("this test process is already placed on some of the cores, or there is one core")
+    cores = whole_machine()
     result = hvdrun(SHARED_CORE.format(hog=False)).check()
     for r in (0, 1):
         values = result.ranks[r]
