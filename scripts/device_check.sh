@@ -8,7 +8,7 @@
 #
 # Steps: nccl (the NCCL device path: NCCL's version, a smoke test that finds how two ranks may
 # share the one GPU, the CUDA and JAX GPU tests on both device routes with a rank killed
-# mid-allreduce, busbw against torch.distributed's NCCL, training against DDP over NCCL; or only
+# mid-allreduce, AMP, the sharded optimizer, PowerSGD and the Lightning strategy, busbw against torch.distributed's NCCL, training against DDP over NCCL; or only
 # some of it, each after the smoke test: nccl-tests, nccl-busbw, nccl-train, nccl-sets (process
 # sets and join); nccl-fresh: the training benchmark in 3 more fresh jobs per model, for the
 # spread), cuda (the CUDA tests alone), mpi (the MPI
@@ -83,7 +83,7 @@ PYEOF
     echo "=== NCCL environment that works: ${NCCL_ENV:-none} ${OWN}" | tee -a "$LOG"
 fi
 if wanted nccl || wanted nccl-tests; then
-    step 360 "CUDA tests: every collective and dtype against the CPU, DistributedOptimizer, a killed rank; NCCL and staged routes" \
+    step 480 "CUDA tests: every collective and dtype against the CPU, DistributedOptimizer, AMP, the sharded optimizer, PowerSGD, Lightning, a killed rank; NCCL and staged routes" \
         env KHOROVOD_TEST_NCCL_ENV="$NCCL_ENV" "$PY" -m pytest -v -s -rA --timeout 130 -p no:cacheprovider \
         tests/unit/test_device_pieces.py tests/torch/test_torch_cuda.py tests/jax/test_jax_gpu.py
 fi

@@ -18,6 +18,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA device (none here); scripts/device_check.sh runs these on one",
                 allow_module_level=True)
 
+import lightning_job  # noqa: E402
 from multirank import hvdrun  # noqa: E402
 
 # Per route: the environment of the job. "nccl": each rank its own NCCL host id (set by the
@@ -242,3 +243,147 @@ def test_process_sets_and_join_on_the_gpu(route):
     assert result.ranks[0]["got"] == {"global": 3.0, "joined": 0.5, "last": 0}, result.ranks[0]
     assert result.ranks[1]["got"] == {"global": 3.0, "set": 2.0, "last": 0}, result.ranks[1]
     assert result.ranks[1]["routes"] == {"[0, 1]": "", "[1]": ""}, result.ranks[1]["routes"]
+
+
+# Horovod's mixed-precision idiom: synchronize, unscale, then step inside skip_synchronize. Each
+# rank's data differs; on step 2 rank 1's batch overflows, so the averaged gradients hold an inf
+# on both ranks and both must skip that step and halve their scale. Reading the gradients right
+# after backward() (no synchronize) must already give the averaged ones.
+AMP = PRELUDE + r'''
+import copy
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to(dev)
+plain = copy.deepcopy(model)  # no hooks: this rank's own gradients, averaged by hand below
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                               named_parameters=model.named_parameters())
+scaler = torch.amp.GradScaler("cuda", init_scale=1024.0)
+gaps, scales, skipped = [], [], []
+for step in range(4):
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(10 * step + r)).to(dev)
+    if step == 2 and r == 1:
+        x[0, 0] = float("inf")
+    opt.zero_grad()
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = model(x).float().pow(2).mean()
+    scaler.scale(loss).backward()
+    after_backward = [p.grad.clone() for p in model.parameters()]
+    plain.load_state_dict(model.state_dict())
+    plain.zero_grad()
+    with torch.autocast("cuda", dtype=torch.float16):
+        scaler.scale(plain(x).float().pow(2).mean()).backward()
+    want = [hvd.allreduce(p.grad, op=hvd.Average, name=f"want.{step}.{i}") for i, p in enumerate(plain.parameters())]
+    if step != 2:
+        gaps.append(max(((a - b).abs().max() / b.abs().max()).item() for a, b in zip(after_backward, want)))
+    before = [p.detach().clone() for p in model.parameters()]
+    opt.synchronize()
+    scaler.unscale_(opt)
+    with opt.skip_synchronize():
+        scaler.step(opt)
+    scaler.update()
+    scales.append(scaler.get_scale())
+    skipped.append(all(torch.equal(a, p) for a, p in zip(before, model.parameters())))
+report(gaps=gaps, scales=scales, skipped=skipped, on_gpu=all(p.is_cuda for p in model.parameters()),
+       weights=[p.detach().cpu().flatten()[:4].tolist() for p in model.parameters()], routes=routes())
+'''
+
+
+@pytest.mark.parametrize("route", ["nccl"])
+def test_backward_returns_averaged_gradients_and_amp_skips_the_same_steps(route):
+    result = hvdrun(AMP, np=2, env=ROUTES[route], timeout=150).check()
+    for rank in (0, 1):
+        got = result.ranks[rank]
+        assert got["on_gpu"] is True
+        assert max(got["gaps"]) < 1e-3, got["gaps"]  # fp16 rounding of the same sums, nothing more
+        assert got["skipped"] == [False, False, True, False], got
+        assert got["scales"][2] == got["scales"][1] / 2, got["scales"]
+        assert got["routes"] == {"[0, 1]": ""}, got["routes"]
+    assert result.ranks[0]["weights"] == result.ranks[1]["weights"]
+
+
+# The khorovod extensions on CUDA: the sharded optimizer against DistributedOptimizer, and PowerSGD
+# (exact at full rank; at low rank, error feedback keeps what the approximations lost).
+EXTENSIONS = PRELUDE + r'''
+torch.manual_seed(0)
+X, Y = torch.randn(12, 5, dtype=torch.float64).to(dev), torch.randn(12, 3, dtype=torch.float64).to(dev)
+ROWS = torch.arange(12, device=dev)[r::n]
+
+
+def make():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3)).double().to(dev)
+
+
+def train(model, opt, rows, steps=4):
+    for _ in range(steps):
+        opt.zero_grad()
+        (((model(X[rows]) - Y[rows]) ** 2).sum() / len(rows)).backward()
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+plain, sharded = make(), make()
+adam_plain = train(plain, hvd.DistributedOptimizer(torch.optim.Adam(plain.parameters(), lr=0.01),
+                                                   named_parameters=plain.named_parameters()), ROWS)
+sharded_opt = hvd.ShardedDistributedOptimizer(torch.optim.Adam(sharded.parameters(), lr=0.01),
+                                              named_parameters=sharded.named_parameters())
+adam_sharded = train(sharded, sharded_opt, ROWS)
+state = [v for s in sharded_opt.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim()]
+
+single = make()
+reference = train(single, torch.optim.SGD(single.parameters(), lr=0.1, momentum=0.9), torch.arange(12, device=dev))
+
+
+def with_powersgd(**options):
+    model = make()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.powersgd(**options))
+    return train(model, opt, ROWS)
+
+
+full_rank = with_powersgd(matrix_approximation_rank=7, start_powerSGD_iter=1, min_compression_rate=0)
+weight = torch.nn.Parameter(torch.zeros(6, 8, dtype=torch.float64, device=dev))
+compression = hvd.Compression.powersgd(matrix_approximation_rank=1, start_powerSGD_iter=2)
+opt = hvd.DistributedOptimizer(torch.optim.SGD([weight], lr=0.1), named_parameters=[("w", weight)],
+                               compression=compression)
+generator = torch.Generator().manual_seed(10 + r)
+expected = torch.zeros(6, 8, dtype=torch.float64, device=dev)
+for step in range(6):
+    c = torch.randn(6, 8, generator=generator, dtype=torch.float64).to(dev)
+    expected -= 0.1 * hvd.allreduce(c, op=hvd.Average, name=f"expected.{step}")
+    opt.zero_grad()
+    (weight * c).sum().backward()
+    opt.step()
+left = hvd.allreduce(compression.error_of("w"), op=hvd.Average, name="left")
+report(sharded_vs_plain=(adam_sharded - adam_plain).abs().max().item(),
+       state_on_gpu=all(v.is_cuda for v in state), state_numel=sum(v.numel() for v in state),
+       full_numel=2 * sum(p.numel() for p in sharded.parameters()),
+       full_rank=(full_rank - reference).abs().max().item(),
+       low_rank=(weight.detach() - 0.1 * left - expected).abs().max().item(),
+       lossy=compression.error_of("w").abs().max().item(), weight_on_gpu=weight.is_cuda, routes=routes())
+'''
+
+
+@pytest.mark.parametrize("route", ["nccl"])
+def test_sharded_optimizer_and_powersgd_on_the_gpu(route):
+    result = hvdrun(EXTENSIONS, np=2, env=ROUTES[route], timeout=150).check()
+    for rank in (0, 1):
+        got = result.ranks[rank]
+        assert got["sharded_vs_plain"] < 1e-12, got
+        assert got["state_on_gpu"] is True and got["state_numel"] <= got["full_numel"] // 2 + 2, got
+        assert got["full_rank"] < 1e-9, got
+        assert got["low_rank"] < 1e-9 and got["lossy"] > 1e-3, got  # lossy, yet nothing lost in the end
+        assert got["weight_on_gpu"] is True
+        assert got["routes"] == {"[0, 1]": ""}, got["routes"]
+
+
+# The Lightning strategy the Spark estimators give their Trainer, on the GPU.
+LIGHTNING = PRELUDE + lightning_job.fit("gpu")
+
+
+@pytest.mark.parametrize("route", ["nccl"])
+def test_the_lightning_strategy_trains_on_the_gpu(route):
+    pytest.importorskip("lightning")
+    result = hvdrun(LIGHTNING, np=2, env=ROUTES[route], timeout=180).check()
+    lightning_job.check(result, "cuda:0", {"[0, 1]": ""})

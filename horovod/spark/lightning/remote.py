@@ -220,6 +220,7 @@ def train(config: LightningConfig) -> TrainResult | None:
                           strategy=horovod_strategy(config.package, device, config.compression, sync),
                           callbacks=callbacks, max_epochs=plan.epochs, logger=_logger(pl, logger, logs_path),
                           log_every_n_steps=config.log_every_n_steps, num_sanity_val_steps=0,
+                          use_distributed_sampler=False,  # each rank reads its own shard already
                           accumulate_grad_batches=config.accumulate_grad_batches, profiler=profiler,
                           default_root_dir=run_dir, enable_progress_bar=False,
                           enable_model_summary=bool(plan.verbose) and rank == 0)

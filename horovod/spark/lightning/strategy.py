@@ -159,6 +159,11 @@ def _classes(package: str) -> tuple[type, type]:
             self._skipping = contextlib.ExitStack()
 
         @property
+        def is_distributed(self) -> bool:
+            """Lightning honours `self.log(..., sync_dist=True)` only for strategies that say so."""
+            return True
+
+        @property
         def root_device(self) -> torch.device:
             return self.parallel_devices[0]
 
