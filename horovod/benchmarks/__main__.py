@@ -105,7 +105,8 @@ def command_for(system: str, args: argparse.Namespace, worker_args: list[str], o
         env.update(THP_MEM_ALLOC_ENABLE=HUGE_PAGES[args.huge_pages],
                    NUMPY_MADVISE_HUGEPAGE=HUGE_PAGES[args.huge_pages])
     if system.startswith("khorovod"):
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+        # A PYTHONPATH given (another checkout, to compare) comes first: this one only fills in.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(REPO)) if p)
         if ":" in system:
             env["HOROVOD_CPU_OPERATIONS"] = system.split(":", 1)[1]
         hosts = ["-H", args.hosts] if args.hosts else []

@@ -457,9 +457,9 @@ def counted_run(self):
         return run(self)
     finally:
         cycles.append(sorted(name for names in executed[before:] for name in names))
-def counted_execute(self, response, entries, members):
+def counted_execute(self, response, entries, members, *rest):
     executed.append(list(response.names))
-    return execute(self, response, entries, members)
+    return execute(self, response, entries, members, *rest)
 Cycle.run, Executor.execute = counted_run, counted_execute
 
 torch.set_num_threads(1)

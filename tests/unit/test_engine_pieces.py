@@ -6,7 +6,7 @@ from horovod.common.engine.coordinator import Coordinator, stall_message, valida
 from horovod.common.engine.fusion import PACK_BELOW_BYTES, plan_fusion
 from horovod.common.engine.handles import Entry, Handle
 from horovod.common.engine.messages import OpType, Request, Response
-from horovod.common.engine.readiness import (BLOCKED, FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree, bits,
+from horovod.common.engine.readiness import (BLOCKED, EAGER, FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree, bits,
                                               decode_status, encode_status)
 from horovod.common.engine.response_cache import ResponseCache
 from horovod.common.engine.state import SetState, ShutdownState
@@ -189,6 +189,10 @@ class TestReadiness:
     def test_a_status_crosses_the_wire_unchanged(self, status):
         data = encode_status(*status)
         assert decode_status(data) == status and decode_status(bytearray(data)) == status
+
+    def test_an_eager_status_carries_its_contribution_after_the_bitsets(self):
+        contribution = bytes(range(40))  # whatever its bytes, they are not read as waits
+        assert decode_status(encode_status(EAGER, 0b100, 0, []) + contribution) == (EAGER, 0b100, 0, [])
 
     @pytest.mark.parametrize("data", [b"", b"\x00\x01", encode_status(0, 1 << 40, 0, [])[:-1],
                                       encode_status(BLOCKED, 1, 0, ["a"])[:9] + b"\x80\x05K\x01.",

@@ -1,9 +1,10 @@
 """One negotiation cycle: what every rank does, in lockstep, each time the engine runs.
 
 For every process set this rank belongs to, in id order: the fast-path exchange of bit vectors
-(decided by `readiness.agree`), the slow path through the set's coordinator when some member
-needs it, then the fusion plan and the execution of the agreed responses, or a change of the
-process sets themselves. Which thread runs a cycle, and when, is the driver's business.
+(decided by `readiness.agree`; a lone small allreduce's data goes with it), the slow path
+through the set's coordinator when some member needs it, then the fusion plan and the execution
+of the agreed responses, or a change of the process sets themselves. Which thread runs a cycle,
+and when, is the driver's business.
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from horovod.common.engine.executor import Executor
 from horovod.common.engine.fusion import plan_fusion
 from horovod.common.engine.handles import Entry
 from horovod.common.engine.messages import CACHEABLE, OpType, Request, Response, is_anonymous
-from horovod.common.engine.readiness import (BLOCKED, FAILED, FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN, agree,
-                                              bits, decode_status, encode_status)
+from horovod.common.engine.readiness import (BLOCKED, EAGER, FAILED, FORCE_SLOW, HAS_UNCACHED, JOINED, SHUTDOWN,
+                                              agree, bits, decode_status, encode_status)
 from horovod.common.engine.state import SetState, ShutdownState
 from horovod.common.engine.tunables import Tunables
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.logging import log
+from horovod.common.reduce_ops import Adasum, scale_in_place
 from horovod.common.settings import Settings
 from horovod.common.transport.base import Transport
 
@@ -48,6 +50,11 @@ class Cycle:
         self.rank = transport.rank
         self.timeline = timeline
         self.executor = Executor(transport, settings, self.timeline)
+        # A lone ready allreduce this small (its bytes times the set's size) travels inside the
+        # status message. When every member sends the same status with its contribution, each
+        # reduces them all itself: one round trip between the ranks for the op instead of two
+        # (negotiation, then the transport's allreduce).
+        self._eager_bytes = transport.eager_bytes
         self.sets = sets
         self.shutdown = shutdown
         self._on_fatal = on_fatal  # a coordinator's fatal decision (stall shutdown) ends the engine
@@ -135,37 +142,72 @@ class Cycle:
                  | (HAS_UNCACHED if (misses or join_request) else 0)
                  | (JOINED if state.joined else 0) | (FORCE_SLOW if force else 0) | (BLOCKED if waits else 0))
         message = (flags, hits, invalid, waits)
-        payload = self._payload(message)
+        eager = None
+        if not flags and len(hit_bits) == 1 and not misses and self._eager_bytes:
+            contribution = self._eager_contribution(next(iter(unsent.values()))[0],
+                                                    self._eager_bytes // len(state.members))
+            if contribution is not None:
+                message = (EAGER, hits, 0, waits)
+                eager = self._payload(message)
+                payload = eager + contribution
+        if eager is None:
+            payload = self._payload(message)
         received = self.transport.exchange(state.members, payload)
-        return self._conclude(state, message, payload, received, misses, hit_bits, join_request)
+        return self._conclude(state, message, payload, received, misses, hit_bits, join_request, eager)
 
     def _payload(self, message: tuple[int, int, int, list[str]]) -> bytes:
-        """The status message on the wire; a flagless one (the steady state: only ready bits, no
-        stale bits, no waits) is encoded once per set of ready bits."""
-        if message[0]:
+        """The status message on the wire; one with no flag but EAGER (the steady state: only
+        ready bits, no stale bits, no waits) is encoded once per set of ready bits. An EAGER
+        status is padded to 8 bytes, so that the contribution after it is aligned."""
+        flags, hits = message[0], message[1]
+        if flags & ~EAGER:
             return encode_status(*message)
-        hits = message[1]
-        payload = self._plain_statuses.get(hits)
+        key = (flags, hits)
+        payload = self._plain_statuses.get(key)
         if payload is None:
             if len(self._plain_statuses) >= _PLAIN_STATUSES_KEPT:
                 self._plain_statuses.clear()
-            payload = self._plain_statuses[hits] = encode_status(*message)
+            payload = encode_status(*message)
+            if flags:
+                payload += bytes(-len(payload) % 8)
+            self._plain_statuses[key] = payload
         return payload
+
+    @staticmethod
+    def _eager_contribution(entry: Entry, limit: int) -> bytes | None:
+        """What this rank adds to its lone ready op, to send with its status, if that op is an
+        allreduce in host memory of at most `limit` bytes; prescaled, as the transport's
+        allreduce would see it."""
+        request, tensor = entry.request, entry.tensor
+        if (request.op_type != OpType.ALLREDUCE or request.reduce_op == Adasum or request.device >= 0
+                or tensor is None or tensor.nbytes > limit):
+            return None
+        if request.prescale == 1.0:
+            return tensor.tobytes()
+        scaled = tensor.reshape(-1).copy()
+        scale_in_place(scaled, request.prescale)
+        return scaled.tobytes()
 
     def _conclude(self, state: SetState, message: tuple[int, int, int, list[str]], payload: bytes,
                   received: list[bytes], misses: list[Entry], hit_bits: dict[str, int],
-                  join_request: Request | None) -> str:
+                  join_request: Request | None, eager: bytes | None) -> str:
         """Decide from every member's status what the set runs this cycle, and run it; returns a
         fatal error message ('' when all is well). `hit_bits` are this rank's cache hits by name
-        (their entries wait in `state.unsent`), `misses` its entries for the coordinator."""
+        (their entries wait in `state.unsent`), `misses` its entries for the coordinator; `eager`
+        the status this rank sent before its contribution, if it sent one."""
         flags, hits = message[0], message[1]
         members = state.members
         cache = state.cache
         replies: Sequence[tuple] = ()
+        gathered = None
         if not flags and received.count(payload) == len(received):
             # Every member sent our flagless status: what `agree` would decide from it, without
             # decoding one message per peer (the steady state of training, every cycle).
             ready, stale, slow_path, shut_down = bits(hits), (), False, ()
+        elif eager is not None and _all_alike(received, eager, len(payload)):
+            # Every member sent our status and a contribution to the same lone op: run it from them.
+            ready, stale, slow_path, shut_down = bits(hits), (), False, ()
+            gathered = (received, len(eager))
         else:
             # Our own payload comes back as the very object sent (where the transport does so):
             # its message is at hand, not decoded again.
@@ -217,7 +259,7 @@ class Cycle:
             return ""
         tuner = self.autotuner if state.set_id == 0 else None
         for response in (responses if len(responses) < 2 else plan_fusion(responses, self.tunables.fusion_threshold)):
-            self._execute(state, response)
+            self._execute(state, response, gathered)
             if tuner is not None:
                 tuner.record(response)
         return ""
@@ -280,7 +322,8 @@ class Cycle:
         fatal, items = wire.decode(self.transport.bcast_bytes(members, answer, root))
         return fatal, [Response.from_wire(item) for item in items]
 
-    def _execute(self, state: SetState, response: Response) -> None:
+    def _execute(self, state: SetState, response: Response,
+                 gathered: tuple[list[bytes], int] | None = None) -> None:
         with state.lock:
             entries = [state.waiting.pop(name, None) for name in response.names]
             state.names.difference_update(response.names)
@@ -290,7 +333,7 @@ class Cycle:
             self._change_sets(response, entries)
             return
         self.executing = entries
-        self.executor.execute(response, entries, state.members)
+        self.executor.execute(response, entries, state.members, gathered)
         self.executing = []
 
     def _change_sets(self, response: Response, entries: list[Entry | None]) -> None:
@@ -310,3 +353,12 @@ class Cycle:
         for entry in entries:
             if entry is not None:
                 entry.finish(result)
+
+
+def _all_alike(received: list[bytes], status: bytes, size: int) -> bool:
+    """Whether every message is `status` and a contribution of the same size as this rank's
+    (a plain loop: a generator costs a microsecond here, on every small op)."""
+    for message in received:
+        if len(message) != size or not message.startswith(status):
+            return False
+    return True

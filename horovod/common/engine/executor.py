@@ -16,7 +16,7 @@ from horovod.common.engine.handles import Entry
 from horovod.common.engine.messages import OpType, Response
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.algorithms.primitives import segment_bounds
-from horovod.common.reduce_ops import SUPPORTED_DTYPES, Adasum, Average, Sum, scale_in_place
+from horovod.common.reduce_ops import SUPPORTED_DTYPES, Adasum, Average, Sum, reduce_into, scale_in_place
 from horovod.common.settings import Settings
 from horovod.common.transport.base import Transport
 
@@ -54,7 +54,10 @@ class Executor:
             else:
                 self.timeline.activity_start_all(names, activity)
 
-    def execute(self, response: Response, entries: list[Entry | None], members: tuple[int, ...]) -> None:
+    def execute(self, response: Response, entries: list[Entry | None], members: tuple[int, ...],
+                gathered: tuple[list[bytes], int] | None = None) -> None:
+        """Run `response`; `gathered` (a lone small allreduce): every member's message in member
+        order, each holding its contribution from that offset on (see `Cycle`)."""
         op = response.op_type
         timeline = self.timeline if self.timeline is not None and self.timeline.active else None
         if timeline is not None and op not in (OpType.ERROR, OpType.JOIN, OpType.BARRIER):
@@ -67,6 +70,8 @@ class Executor:
             return
         if response.on_device:
             self.device.execute(response, entries, members)
+        elif gathered is not None:
+            self._reduce_gathered(response, entries[0], members, *gathered)
         elif op == OpType.ALLREDUCE:
             self._allreduce(response, entries, members)
         elif op == OpType.ALLGATHER:
@@ -142,6 +147,26 @@ class Executor:
         for entry in entries:
             if entry is not None:
                 entry.finish(entry.output)
+
+    def _reduce_gathered(self, response: Response, entry: Entry | None, members: tuple[int, ...],
+                         messages: list[bytes], offset: int) -> None:
+        """A lone small allreduce from the contributions that came with the negotiation, reduced
+        in member order on every rank, so that every rank ends with the same bits. Two members
+        need no order (the operations are commutative): an in-place op then adds the peer's
+        contribution to its own tensor, which is its contribution."""
+        assert entry is not None and entry.output is not None  # a joined rank sends no contribution
+        dtype = SUPPORTED_DTYPES[response.dtype]
+        out = entry.output if entry.output.ndim == 1 else entry.output.reshape(-1)
+        op = Sum if response.reduce_op == Average else response.reduce_op
+        if len(members) == 2 and entry.output is entry.tensor and response.prescale == 1.0:
+            peer = messages[1] if members[0] == self.transport.rank else messages[0]
+            reduce_into(out, np.frombuffer(peer, dtype, offset=offset), op)
+        else:
+            np.copyto(out, np.frombuffer(messages[0], dtype, offset=offset))
+            for message in messages[1:]:
+                reduce_into(out, np.frombuffer(message, dtype, offset=offset), op)
+        scale_in_place(out, response.postscale / len(members) if response.reduce_op == Average else response.postscale)
+        entry.finish(entry.output)
 
     def _reduce(self, members: tuple[int, ...], buf: np.ndarray, op: int, counts: list[int],
                 postscale: float) -> None:

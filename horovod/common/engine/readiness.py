@@ -23,6 +23,8 @@ JOINED = 4  # it has joined: it submits nothing, so it never holds back a cached
 FORCE_SLOW = 8  # it wants the slow path anyway (stalled work the coordinator must see)
 FAILED = 16  # with SHUTDOWN: it leaves because of an error (an exception escaped its script)
 BLOCKED = 32  # a thread of it is stuck waiting for an op of this set (its names follow the bitsets)
+EAGER = 64  # its one ready tensor, a small allreduce, follows the bitsets (see `Cycle`): if every
+           # member sends the same status so, each reduces the contributions itself
 
 
 # What every member of a set concludes from the same replies, as a plain tuple (built once per
@@ -35,8 +37,9 @@ Agreement = tuple[list[int], list[int], bool, list[int]]
 
 
 # A status on the wire: flags, the byte lengths of the ready and the stale bitsets, the bitsets
-# (little-endian), then what the member waits for (`wire.encode`d) when it says BLOCKED. Not a
-# pickle: every cycle decodes one per peer, and unpickling costs a microsecond.
+# (little-endian), then what the member waits for (`wire.encode`d) when it says BLOCKED, or its
+# contribution's bytes when it says EAGER. Not a pickle: every cycle decodes one per peer, and
+# unpickling costs a microsecond.
 _STATUS = struct.Struct("<BII")
 
 
@@ -60,7 +63,7 @@ def decode_status(data: bytes) -> tuple[int, int, int, list[str]]:
         raise wire.WireError(f"malformed status message ({len(data)} bytes, bitsets of {ready_len} + {stale_len})")
     ready = int.from_bytes(data[_STATUS.size:start], "little")
     stale = int.from_bytes(data[start:end], "little")
-    waits = wire.decode(data[end:]) if end < len(data) else ()
+    waits = wire.decode(data[end:]) if end < len(data) and not flags & EAGER else ()
     if not isinstance(waits, tuple) or not all(isinstance(name, str) for name in waits):
         raise wire.WireError("malformed status message: its waits are not a list of names")
     return flags, ready, stale, list(waits)

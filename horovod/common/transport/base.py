@@ -66,6 +66,10 @@ class Transport(ABC):
     # Engine tunables (`horovod.common.engine.tunables.Tunables` field names) that are attributes
     # of this transport: the engine sets them when autotune changes them.
     tunable_knobs: tuple[str, ...] = ()
+    # How large a lone small allreduce may be (its bytes times the group's size) for negotiation
+    # to carry each member's contribution in its status message (`horovod.common.engine.cycle`):
+    # one round trip instead of two, where a message costs about what a round trip does.
+    eager_bytes: int = 16 * 1024
 
     def __init__(self, context: TransportContext) -> None:
         self.rank = context.rank

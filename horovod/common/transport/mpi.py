@@ -153,6 +153,9 @@ class MpiTransport(Transport):
     """Collectives through the MPI library, negotiation over MPI point-to-point messages."""
 
     name = "mpi"
+    # MPI's allreduce of a small buffer is one call into C, faster than the larger messages
+    # (measured: 4 KiB took 31-86 us carried, against 25 us through MPI_Allreduce).
+    eager_bytes = 0
 
     def __init__(self, context: TransportContext) -> None:
         super().__init__(context)
