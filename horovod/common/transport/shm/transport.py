@@ -100,8 +100,6 @@ class ShmTransport(Transport):
         if len(group) == 1 or buf.size == 0:
             scale_in_place(buf, postscale)
         elif self._route(group)[0] is self.shm:
-            if self.cores.contended():
-                self.signals.own_core = False
             self.shm.allreduce(group, buf, op, postscale)
         else:
             self.tcp.allreduce_scaled(group, buf, op, postscale)
@@ -132,6 +130,10 @@ class ShmTransport(Transport):
 
     # -- control plane ------------------------------------------------------------------------
     def exchange(self, group: Sequence[int], payload: bytes) -> list[bytes]:
+        # Every cycle passes here, whatever its ops (small allreduces make no data call at all):
+        # the one place to ask whether another process shares this rank's core.
+        if self.cores.contended():
+            self.signals.own_core = False
         return self._route(group)[1].exchange(group, payload)
 
     def gather(self, group: Sequence[int], payload: bytes, root: int) -> list[bytes] | None:
