@@ -28,6 +28,14 @@ def _numel(shape: Sequence[int]) -> int:
     return math.prod(shape)
 
 
+def _as_sum(response: Response, size: int) -> tuple[int, float]:
+    """(the op to run, the factor to apply after it) for `size` members: Average is a Sum, then
+    the postscale divided by the number of members."""
+    if response.reduce_op == Average:
+        return Sum, response.postscale / size
+    return response.reduce_op, response.postscale
+
+
 class Executor:
     def __init__(self, transport: Transport, settings: Settings, timeline: Timeline | None) -> None:
         self.transport = transport
@@ -98,8 +106,7 @@ class Executor:
 
     def _allreduce(self, response: Response, entries: list[Entry | None], members: tuple[int, ...]) -> None:
         dtype = SUPPORTED_DTYPES[response.dtype]
-        postscale = response.postscale / len(members) if response.reduce_op == Average else response.postscale
-        wire_op = Sum if response.reduce_op == Average else response.reduce_op
+        wire_op, postscale = _as_sum(response, len(members))
         activity = self._allreduce_activity
         if len(entries) == 1:
             entry = entries[0]
@@ -157,7 +164,7 @@ class Executor:
         assert entry is not None and entry.output is not None  # a joined rank sends no contribution
         dtype = SUPPORTED_DTYPES[response.dtype]
         out = entry.output if entry.output.ndim == 1 else entry.output.reshape(-1)
-        op = Sum if response.reduce_op == Average else response.reduce_op
+        op, postscale = _as_sum(response, len(members))
         if len(members) == 2 and entry.output is entry.tensor and response.prescale == 1.0:
             peer = messages[1] if members[0] == self.transport.rank else messages[0]
             reduce_into(out, np.frombuffer(peer, dtype, offset=offset), op)
@@ -165,7 +172,7 @@ class Executor:
             np.copyto(out, np.frombuffer(messages[0], dtype, offset=offset))
             for message in messages[1:]:
                 reduce_into(out, np.frombuffer(message, dtype, offset=offset), op)
-        scale_in_place(out, response.postscale / len(members) if response.reduce_op == Average else response.postscale)
+        scale_in_place(out, postscale)
         entry.finish(entry.output)
 
     def _reduce(self, members: tuple[int, ...], buf: np.ndarray, op: int, counts: list[int],
@@ -224,10 +231,9 @@ class Executor:
         scratch = self._fusion_bytes(entry.tensor.nbytes).view(dtype)
         np.copyto(scratch, entry.tensor.reshape(-1))
         scale_in_place(scratch, response.prescale)
-        wire_op = Sum if response.reduce_op == Average else response.reduce_op
+        wire_op, postscale = _as_sum(response, n)
         self._activity(response.names, f"{self.transport.name.upper()}_REDUCESCATTER")
         self.transport.reducescatter(members, scratch, entry.output.reshape(-1), counts, wire_op)
         self._activity(response.names, None)
-        postscale = response.postscale / n if response.reduce_op == Average else response.postscale
         scale_in_place(entry.output.reshape(-1), postscale)
         entry.finish(entry.output)
