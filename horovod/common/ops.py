@@ -26,6 +26,8 @@ from horovod.common.reduce_ops import Adasum, Average, Sum, check_reducible, dty
 
 
 T = TypeVar("T")
+# Named allreduces whose Request is kept for their next call: more names than a model has tensors.
+_REQUESTS_KEPT = 4096
 
 
 class Waitable(Protocol):
@@ -144,29 +146,52 @@ def allreduce_async(tensor: np.ndarray, name: str | None = None, op: int = Avera
                     process_set: ProcessSet = global_process_set, output: np.ndarray | None = None) -> Handle:
     """Reduce `tensor` across the set; result: `output` (a new array unless given; pass the
     input itself to reduce in place). The most frequent op: written out, with no helper per call
-    that it does not need."""
+    that it does not need. A named op in host memory that repeats with what it had last time
+    (dtype, shape, op, scales, set) reuses its Request: it was checked and built then."""
     rt = basics.runtime()
-    full_name = _op_name("allreduce", name, rt, process_set)
     set_id = rt.set_id(process_set)
+    last = rt.allreduce_requests.get(name) if name else None
+    if (last is not None and last[1] is tensor.dtype and last[2] == tensor.shape and last[3] == op
+            and last[4] == prescale_factor and last[5] == postscale_factor and last[6] == set_id):
+        request = last[0]
+        full_name = request.name
+    else:
+        full_name = _op_name("allreduce", name, rt, process_set)
+        request = _allreduce_request(rt, tensor, full_name, op, prescale_factor, postscale_factor, process_set)
+        if name and type(tensor) is np.ndarray:
+            if len(rt.allreduce_requests) >= _REQUESTS_KEPT:
+                rt.allreduce_requests.clear()
+            rt.allreduce_requests[name] = (request, tensor.dtype, tensor.shape, op, prescale_factor,
+                                           postscale_factor, set_id)
     handle = Handle(1, False, full_name)
-    rt.engine.enqueue(set_id, [_allreduce_entry(rt, tensor, full_name, output, op, prescale_factor, postscale_factor,
-                                                process_set, handle, 0)])
+    rt.engine.enqueue(set_id, [Entry(request, tensor, _allreduce_output(tensor, output, full_name), handle)])
     return handle
+
+
+def _allreduce_request(rt: basics.Runtime, tensor: Buffer, name: str, op: int, prescale: float, postscale: float,
+                       process_set: ProcessSet) -> Request:
+    """The Request of one tensor of an allreduce, once its dtype and op are checked."""
+    dtype = _dtype_of(tensor, "allreduce", name)
+    _check_reduce(op, dtype, "allreduce", name, rt, process_set)
+    return _request(rt, OpType.ALLREDUCE, name, tensor, dtype, reduce_op=op, prescale=float(prescale),
+                    postscale=float(postscale))
 
 
 def _allreduce_entry(rt: basics.Runtime, tensor: Buffer, name: str, output: Buffer | None, op: int, prescale: float,
                      postscale: float, process_set: ProcessSet, handle: Handle, index: int) -> Entry:
-    """The entry of one tensor of an allreduce, once its op and output are checked."""
-    dtype = _dtype_of(tensor, "allreduce", name)
-    _check_reduce(op, dtype, "allreduce", name, rt, process_set)
+    """The entry of one tensor of a grouped allreduce, once its op and output are checked."""
+    request = _allreduce_request(rt, tensor, name, op, prescale, postscale, process_set)
+    return Entry(request, tensor, _allreduce_output(tensor, output, name), handle, index)
+
+
+def _allreduce_output(tensor: Buffer, output: Buffer | None, name: str) -> Buffer:
+    """Where an allreduce of `tensor` writes: `output` once checked, else a new buffer."""
     if output is None:
-        output = _empty_like(tensor)
-    elif output is not tensor and not _same_layout(output, tensor):
+        return _empty_like(tensor)
+    if output is not tensor and not _same_layout(output, tensor):
         raise ValueError(f"allreduce {name}: the output must be a contiguous array of the input's "
                          f"shape and dtype ({tensor.shape}, {tensor.dtype})")
-    request = _request(rt, OpType.ALLREDUCE, name, tensor, dtype, reduce_op=op, prescale=float(prescale),
-                       postscale=float(postscale))
-    return Entry(request, tensor, output, handle, index)
+    return output
 
 
 def _entries(rt: basics.Runtime, op_type: OpType, tensors: Sequence[np.ndarray], names: list[str], set_id: int,

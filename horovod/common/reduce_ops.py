@@ -92,8 +92,8 @@ _KERNELS: dict[int, Callable[..., np.ndarray]] = {
 
 
 def reduce_into(dst: np.ndarray, src: np.ndarray, op: int) -> None:
-    """dst = dst (op) src, element-wise, in place."""
-    kernel = _bool_kernel(op) if dst.dtype == np.bool_ else _KERNELS[op]
+    """dst = dst (op) src, element-wise, in place (`dtype.kind`: `== np.bool_` builds a dtype per call)."""
+    kernel = _bool_kernel(op) if dst.dtype.kind == "b" else _KERNELS[op]
     kernel(dst, src, out=dst)
 
 

@@ -36,6 +36,8 @@ class Runtime:
     timeline: Timeline | None
     process_sets: dict[int, ProcessSet] = field(default_factory=dict)
     name_counters: dict[int, int] = field(default_factory=dict)
+    # The Request of each named host allreduce, with what it was built from (see `ops.allreduce_async`).
+    allreduce_requests: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     # The CUDA device this rank's device collectives run on: its first device tensor's (-1: none yet).
     device: int = -1
     # The members of the global process set: every rank of the round, built once per round.

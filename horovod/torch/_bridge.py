@@ -114,7 +114,21 @@ class Pending:
 def start(kind: str, tensors: Sequence[torch.Tensor], grouped: bool = False, inplace: bool = False,
           **kwargs: Any) -> Pending:
     """Submit `tensors` to the core's collective `kind`; the one path every collective here takes."""
-    arrays = [buffer(checked(t, kind, kwargs.get("name"))) for t in tensors]
+    return Pending(*_submit(kind, tensors, grouped, inplace, kwargs))
+
+
+def run(kind: str, tensors: Sequence[torch.Tensor], grouped: bool = False, inplace: bool = False,
+        **kwargs: Any) -> Any:
+    """Submit and wait: this thread runs the engine itself (see `ops.submit_waited`)."""
+    handle, finish = ops.submit_waited(_submit, kind, tensors, grouped, inplace, kwargs)
+    return finish(ops.wait_as_internal_error(handle))
+
+
+def _submit(kind: str, tensors: Sequence[torch.Tensor], grouped: bool, inplace: bool,
+            kwargs: dict[str, Any]) -> tuple[ops.Handle, Callable[[Any], Any]]:
+    """Check and submit `tensors`; returns the handle, and what turns its result into tensors."""
+    name = kwargs.get("name")
+    arrays = [buffer(checked(t, kind, name)) for t in tensors]
     if inplace:
         kwargs["outputs" if grouped else "output"] = arrays if grouped else arrays[0]
     single, group = CORE_CALLS[kind]
@@ -134,12 +148,7 @@ def start(kind: str, tensors: Sequence[torch.Tensor], grouped: bool = False, inp
             outputs = [to_tensor(r, t.device) for r, t in zip(results, tensors)]
         return outputs if grouped else outputs[0]
 
-    return Pending(handle, finish)
-
-
-def run(kind: str, tensors: Sequence[torch.Tensor], **kwargs: Any) -> Any:
-    """Submit and wait: this thread runs the engine itself (see `ops.submit_waited`)."""
-    return ops.run_now(start, kind, tensors, **kwargs)
+    return handle, finish
 
 
 def members(process_set: ProcessSet) -> list[int]:

@@ -110,7 +110,7 @@ class TestResponseCache:
         cache = ResponseCache(4)
         request = req(0, "a")
         assert cache.lookup(request) == ("miss", -1)
-        cache.put(ar("a", 2), request.signature())
+        cache.put(ar("a", 2), request)
         assert cache.lookup(request) == ("hit", 0)
         assert cache.lookup(req(0, "a", shape=(3,))) == ("invalid", 0)
 
@@ -118,9 +118,9 @@ class TestResponseCache:
         caches = [ResponseCache(2), ResponseCache(2)]
         for cache in caches:
             for name in ["a", "b", "c"]:       # "a" is evicted, its bit reused by "c"
-                cache.put(ar(name, 1), req(0, name).signature())
+                cache.put(ar(name, 1), req(0, name))
             cache.erase_bit(cache.lookup(req(0, "b"))[1])
-            cache.put(ar("d", 1), req(0, "d").signature())
+            cache.put(ar("d", 1), req(0, "d"))
         bits = [[c.lookup(req(0, n)) for n in "abcd"] for c in caches]
         assert bits[0] == bits[1]
         assert bits[0][0] == ("miss", -1) and bits[0][1] == ("miss", -1)
@@ -128,7 +128,7 @@ class TestResponseCache:
 
     def test_disabled_cache_never_hits(self):
         cache = ResponseCache(0)
-        cache.put(ar("a", 1), req(0, "a").signature())
+        cache.put(ar("a", 1), req(0, "a"))
         assert not cache.enabled and cache.lookup(req(0, "a")) == ("miss", -1)
 
 

@@ -67,9 +67,11 @@ class Driver:
         self._drive = threading.Lock()  # held by whichever thread runs cycles (see drive_until)
         self._finished = False  # no more cycles: the job shut down or the engine failed
         self._thread = threading.Thread(target=self._run, name="hvd-engine", daemon=True)
+        self._thread_ident: int | None = None  # the engine thread's (a property of the Thread is slower)
 
     def start(self) -> None:
         self._thread.start()
+        self._thread_ident = self._thread.ident
 
     @property
     def _executing(self) -> list[Entry | None]:
@@ -125,7 +127,7 @@ class Driver:
         a driver only leaves once its own op is done, which may need ops that threads queued
         behind it have yet to submit, on this rank or another.
         """
-        if not self._finished and get_ident() != self._thread.ident and self._drive.acquire(blocking=False):
+        if not self._finished and get_ident() != self._thread_ident and self._drive.acquire(False):
             try:
                 self._activity.set_caller_driving(True)
                 self._guarded(self._drive_loop, handle)
@@ -161,7 +163,8 @@ class Driver:
         try:
             while not handle.poll() and not self._finished:
                 if self._cycle_due() or self._driver_waiter.wait(0):
-                    self._run_cycle()
+                    if not self.cycle.run():  # `_run_cycle`, written out: once per op
+                        self._finished = True
                     continue
                 if not blocked:
                     self.blocked.block(handle)

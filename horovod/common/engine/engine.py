@@ -110,8 +110,10 @@ class Engine(Driver):
                         f"{self.rank}. Names must be unique until the op completes: pass a different name= "
                         "or synchronize the first handle."
                     )
-            for entry in entries:
-                names.add(entry.request.name)
+            if len(entries) == 1:
+                names.add(name)
+            else:
+                names.update([entry.request.name for entry in entries])
             state.new.extend(entries)
         self.blocked.last_submit = time.monotonic()
         if not self._waited.depth:

@@ -71,15 +71,15 @@ class Executor:
         if timeline is not None and op not in (OpType.ERROR, OpType.JOIN, OpType.BARRIER):
             for name in response.names:
                 timeline.start_op(name, OpType(op).name)
-        if op == OpType.ERROR:
+        if gathered is not None:  # first: every small op of a training loop comes this way
+            self._reduce_gathered(response, entries[0], members, *gathered)
+        elif op == OpType.ERROR:
             for entry in entries:
                 if entry is not None:
                     entry.finish(error=HorovodInternalError(response.error))
             return
-        if response.on_device:
+        elif response.on_device:
             self.device.execute(response, entries, members)
-        elif gathered is not None:
-            self._reduce_gathered(response, entries[0], members, *gathered)
         elif op == OpType.ALLREDUCE:
             self._allreduce(response, entries, members)
         elif op == OpType.ALLGATHER:
