@@ -31,9 +31,9 @@ _failure_reported = False
 _exiting_with_error = False  # set by the excepthook: shutdown() then leaves without waiting
 
 
-def runtime() -> Runtime:
-    """The runtime of the current round; ValueError when `init()` has not run."""
-    return _state.current()
+# The runtime of the current round; ValueError when `init()` has not run. The function itself,
+# not a wrapper: every collective asks, twice.
+runtime = _state.current
 
 
 def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None) -> None:

@@ -30,6 +30,11 @@ from horovod.common.reduce_ops import BFLOAT16, DTYPE_NAMES, is_bfloat16
 SUPPORTED_DTYPES = tuple(getattr(torch, name) for name in DTYPE_NAMES)
 _SUPPORTED = frozenset(SUPPORTED_DTYPES)  # every op asks: a set lookup, not a scan of the tuple
 _NAME_OF = {getattr(torch, name): name for name in DTYPE_NAMES}
+# Views of small named CPU tensors kept for their next op (see `_named_buffer`): only small ones,
+# where the view's cost shows, and a bounded number, since each keeps its tensor alive.
+_VIEWS: dict[tuple[str, str], tuple[torch.Tensor, int, torch.dtype, np.ndarray]] = {}
+_VIEW_BYTES = 16 << 10
+_VIEWS_KEPT = 1024
 
 
 def _what(op: str, name: str | None) -> str:
@@ -61,6 +66,22 @@ def buffer(tensor: torch.Tensor) -> Buffer:
     if tensor.is_cuda:
         return device_buffer(tensor, torch.cuda.current_stream(tensor.device))
     return host_array(tensor.cpu())  # another accelerator: through host memory
+
+
+def _named_buffer(tensor: torch.Tensor, kind: str, name: str) -> Buffer:
+    """`buffer(checked(tensor))` for a named op. A small CPU tensor that comes back under its name
+    (a loop reducing the same tensor each step) gets the view it had: `numpy()` costs more than
+    the look that shows nothing changed (the same tensor, memory, dtype, shape, contiguous)."""
+    seen = _VIEWS.get((kind, name))
+    if (seen is not None and seen[0] is tensor and seen[1] == tensor.data_ptr() and seen[2] is tensor.dtype
+            and seen[3].shape == tensor.shape and tensor.is_contiguous()):
+        return seen[3]
+    array = buffer(checked(tensor, kind, name))
+    if tensor.is_cpu and array.nbytes <= _VIEW_BYTES:  # elsewhere the array is a copy: never kept
+        if len(_VIEWS) >= _VIEWS_KEPT:
+            _VIEWS.clear()
+        _VIEWS[kind, name] = (tensor, tensor.data_ptr(), tensor.dtype, array)
+    return array
 
 
 def device_buffer(tensor: torch.Tensor, stream: torch.cuda.Stream) -> DeviceBuffer:
@@ -128,22 +149,26 @@ def _submit(kind: str, tensors: Sequence[torch.Tensor], grouped: bool, inplace: 
             kwargs: dict[str, Any]) -> tuple[ops.Handle, Callable[[Any], Any]]:
     """Check and submit `tensors`; returns the handle, and what turns its result into tensors."""
     name = kwargs.get("name")
-    arrays = [buffer(checked(t, kind, name)) for t in tensors]
+    if grouped or not name:
+        arrays = [buffer(checked(t, kind, name)) for t in tensors]
+    else:
+        arrays = [_named_buffer(tensors[0], kind, name)]
     if inplace:
         kwargs["outputs" if grouped else "output"] = arrays if grouped else arrays[0]
     single, group = CORE_CALLS[kind]
     handle = group(arrays, **kwargs) if grouped else single(arrays[0], **kwargs)  # type: ignore[misc]
 
     def finish(result: Any) -> Any:
-        results = result if grouped else [result]
         if inplace:
             for tensor, array in zip(tensors, arrays):
                 if not tensor.is_cpu and not tensor.is_cuda:  # another accelerator: the core wrote a host copy
                     tensor.detach().copy_(to_tensor(array, torch.device("cpu")))
                 increment_version(tensor)
-            outputs: list[Any] = list(tensors)
-        elif kind == "alltoall":
-            outputs = [(to_tensor(r[0], t.device), torch.from_numpy(r[1])) for r, t in zip(results, tensors)]
+            return list(tensors) if grouped else tensors[0]
+        results = result if grouped else [result]
+        if kind == "alltoall":
+            outputs: list[Any] = [(to_tensor(r[0], t.device), torch.from_numpy(r[1]))
+                                  for r, t in zip(results, tensors)]
         else:
             outputs = [to_tensor(r, t.device) for r, t in zip(results, tensors)]
         return outputs if grouped else outputs[0]

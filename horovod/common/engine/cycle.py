@@ -207,8 +207,9 @@ class Cycle:
             # decoding one message per peer (the steady state of training, every cycle).
             ready, stale, slow_path, shut_down = bits(hits), (), False, ()
         elif eager is not None and _all_alike(received, eager, len(payload)):
-            # Every member sent our status and a contribution to the same lone op: run it from them.
-            ready, stale, slow_path, shut_down = bits(hits), (), False, ()
+            # Every member sent our status and a contribution to the same lone op (its one bit):
+            # run it from them.
+            ready, stale, slow_path, shut_down = [hits.bit_length() - 1], (), False, ()
             gathered = (received, len(eager))
         else:
             # Our own payload comes back as the very object sent (where the transport does so):

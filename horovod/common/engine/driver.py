@@ -229,14 +229,8 @@ class Driver:
             if entry is not None:
                 entry.finish(error=error)
 
-    # These two run several times per op: plain loops, not any() over a generator (twice the cost).
-    def _busy(self) -> bool:
-        for state in self.sets.values():
-            if state.unsent or state.waiting:
-                return True
-        return False
-
     def _has_new_work(self) -> bool:
+        # Runs at least once per op: a plain loop, not any() over a generator (twice the cost).
         if (self.shutdown.requested and not self.shutdown.announced) or self.cycle.forced:
             return True
         for state in self.sets.values():
@@ -247,9 +241,16 @@ class Driver:
     def _cycle_due(self) -> bool:
         """A lone op starts at once; ops arriving while others are in flight are batched for up
         to one cycle time so they can be fused."""
-        return self._has_new_work() and (
-            not self._busy() or self.shutdown.requested
-            or time.monotonic() >= self.cycle.last_start + self.cycle.tunables.cycle_time_ms / 1000.0)
+        if self.shutdown.requested and not self.shutdown.announced:
+            return True  # our shutdown flag goes out in the next cycle
+        new, busy = self.cycle.forced, False
+        for state in self.sets.values():  # `_has_new_work` and `_busy` in one pass (once per op)
+            if state.new:
+                new = True
+            if state.unsent or state.waiting:
+                busy = True
+        return new and (not busy or self.shutdown.requested
+                        or time.monotonic() >= self.cycle.last_start + self.cycle.tunables.cycle_time_ms / 1000.0)
 
     def _idle_timeout(self) -> float | None:
         """How long the engine may wait for peers before it has something to do itself."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from horovod.common.transport.shm.segment import CHANNEL_BYTES, HostSegments
-from horovod.common.transport.shm.signals import RECEIVED, SENT, Signals, fence
+from horovod.common.transport.shm.signals import RECEIVED, SENT, WAITING, Signals, fence
 from horovod.common.transport.tcp import TcpTransport
 
 _VIA_TCP = 1 << 63
@@ -56,7 +56,8 @@ class Mailbox:
             payload = bytes(seg.channel_data[self.me][k % 2][:size])
         received[q] = k + 1
         fence()
-        self._ring((RECEIVED,), (q,))
+        if seg.header[WAITING]:  # only a peer asleep on its full mailbox waits for this (rare)
+            self._ring((RECEIVED,), (q,))
         return payload
 
     def _flush(self, ranks: Sequence[int]) -> None:
@@ -64,10 +65,17 @@ class Mailbox:
             self.tcp.peer(r).flush()
 
     def exchange(self, group: Sequence[int], payload: bytes) -> list[bytes]:
+        # Plain loops: every cycle comes here, and a list comprehension is a call of its own.
         gl, pos = self.group(group)
-        flush = [self.members[q] for i, q in enumerate(gl) if i != pos and self.send(q, payload)]
-        result = [payload if i == pos else self.recv(q) for i, q in enumerate(gl)]
-        self._flush(flush)
+        flush = []
+        for i, q in enumerate(gl):
+            if i != pos and self.send(q, payload):
+                flush.append(self.members[q])
+        result = []
+        for i, q in enumerate(gl):
+            result.append(payload if i == pos else self.recv(q))
+        if flush:
+            self._flush(flush)
         return result
 
     def gather(self, group: Sequence[int], payload: bytes, root: int) -> list[bytes] | None:
