@@ -38,7 +38,8 @@ if [[ ",$EXTRAS," == *",test,"* ]]; then
     bash scripts/setup-system-packages.sh >&2
     # MPICH's wheel conflicts with Open MPI's in one environment: tests/mpi run it from its own,
     # beside this one (numpy and khorovod only).
-    if ! "$VENV-mpich/bin/python" -c "import mpi4py, horovod" 2>/dev/null; then
+    # The engine's own module, not the bare package: it needs every dependency khorovod declares.
+    if ! "$VENV-mpich/bin/python" -c "import mpi4py, horovod.common.basics" 2>/dev/null; then
         [ -x "$VENV-mpich/bin/python" ] || "$VENV/bin/python" -m venv "$VENV-mpich"
         "$VENV-mpich/bin/python" -m pip install -q --disable-pip-version-check mpich "mpi4py>=4" numpy -e . >&2
     fi

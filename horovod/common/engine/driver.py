@@ -149,10 +149,12 @@ class Driver:
         a local thread its grace to submit (see _loop), and it hears of the peer anyway: waking
         it after every op of a training loop where peers run ahead takes the ranks' cores."""
         try:
-            peer_waiting = self._activity.set_caller_driving(False)
+            self._activity.set_caller_driving(False)
         finally:
             self._drive.release()
-        if self._finished or (peer_waiting and self._idle_timeout() is not None) or self._has_new_work():
+        # Whether a peer waits is asked last, only with work pending: it reads the peer's memory
+        # (shared memory) or probes (MPI), once per op otherwise.
+        if self._finished or self._has_new_work() or (self._has_pending() and self._activity.pending()):
             self.wake()
 
     def _drive_loop(self, handle: Handle) -> None:
@@ -256,7 +258,13 @@ class Driver:
         """How long the engine may wait for peers before it has something to do itself."""
         if self._has_new_work():
             return max(0.0, self.cycle.last_start + self.cycle.tunables.cycle_time_ms / 1000.0 - time.monotonic())
-        return _TICK_SECONDS if any(s.has_pending() for s in self.sets.values()) else None
+        return _TICK_SECONDS if self._has_pending() else None
+
+    def _has_pending(self) -> bool:
+        for state in self.sets.values():
+            if state.has_pending():
+                return True
+        return False
 
     def _run_cycle(self) -> None:
         if not self.cycle.run():

@@ -39,10 +39,9 @@ class PeerActivity(ABC):
     def drain(self, driver: bool) -> None:
         """After a sleeper woke: empty its doorbell (the rings have done their job)."""
 
-    def set_caller_driving(self, on: bool) -> bool:
+    def set_caller_driving(self, on: bool) -> None:
         """A framework thread that would otherwise only block drives the engine (on), or no
         longer does (off). Meanwhile the transport may spin longer before it sleeps, and peers need
-        not wake the idle engine thread. Off returns True when a peer's message is waiting (the
-        engine thread must be woken to answer it)."""
-        return False
+        not wake the idle engine thread. After off, `pending()` tells whether a peer's message
+        arrived that no one will be woken for (the engine thread must be, if it has work)."""
 

@@ -74,7 +74,7 @@ class MpiActivity(PeerActivity):
             (self._unrung.add if on else self._unrung.discard)(driver)
             self._changed.notify()
 
-    def set_caller_driving(self, on: bool) -> bool:
+    def set_caller_driving(self, on: bool) -> None:
         """Mutes the idle engine thread's doorbell (on) or unmutes it (off).
 
         Wakes nobody, and takes no lock (a driver calls this twice per op; storing a bool is
@@ -84,7 +84,6 @@ class MpiActivity(PeerActivity):
         muted thread looks again every _POLL_MAX instead (see `_run`): the engine thread is rung
         at most that much later, the longest a probe's pause is anyway."""
         self._muted = on
-        return not on and self.pending()
 
     def _listeners(self) -> set[bool]:
         return self._unrung - {False} if self._muted else self._unrung

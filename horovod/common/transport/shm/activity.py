@@ -30,5 +30,5 @@ class ShmActivity(PeerActivity):
     def drain(self, driver: bool) -> None:
         self._bells.drain(idle=not driver)
 
-    def set_caller_driving(self, on: bool) -> bool:
-        return self._signals.set_driven(on)
+    def set_caller_driving(self, on: bool) -> None:
+        self._signals.set_driven(on)

@@ -205,16 +205,15 @@ class Signals:
         if on:
             fence()
 
-    def set_driven(self, on: bool) -> bool:
-        """A framework thread drives the engine (on) or no longer does; when it stops, True if a
-        message arrived meanwhile that nobody has read (the engine thread must be woken)."""
+    def set_driven(self, on: bool) -> None:
+        """A framework thread drives the engine (on) or no longer does. When it stops, a peer
+        that posts a message from then on rings the idle engine thread; `pending()` after this
+        sees any message posted before (the fence orders our word before that look)."""
         self.mine.header[DRIVEN] = int(on)
         self._driven = on
         self.spin = SPIN_SECONDS if on else BACKGROUND_SPIN_SECONDS
-        if on:
-            return False
-        fence()
-        return self.pending()
+        if not on:
+            fence()
 
     def pending(self) -> bool:
         """True when a local peer has posted a control message we have not read yet."""
