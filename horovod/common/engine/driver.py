@@ -152,9 +152,10 @@ class Driver:
             self._activity.set_caller_driving(False)
         finally:
             self._drive.release()
-        # Whether a peer waits is asked last, only with work pending: it reads the peer's memory
-        # (shared memory) or probes (MPI), once per op otherwise.
-        if self._finished or self._has_new_work() or (self._has_pending() and self._activity.pending()):
+        # Whether a peer waits is asked last, and only with work pending: the look costs a round
+        # trip between cores (shared memory) or a probe (MPI), once per op otherwise.
+        if (self._finished or self._has_new_work()
+                or (self._has_pending() and self._activity.waiting_after_release())):
             self.wake()
 
     def _drive_loop(self, handle: Handle) -> None:

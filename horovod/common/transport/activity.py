@@ -42,6 +42,13 @@ class PeerActivity(ABC):
     def set_caller_driving(self, on: bool) -> None:
         """A framework thread that would otherwise only block drives the engine (on), or no
         longer does (off). Meanwhile the transport may spin longer before it sleeps, and peers need
-        not wake the idle engine thread. After off, `pending()` tells whether a peer's message
-        arrived that no one will be woken for (the engine thread must be, if it has work)."""
+        not wake the idle engine thread. After off, `waiting_after_release()` tells whether a
+        peer's message arrived that no one will be woken for."""
+
+    def waiting_after_release(self) -> bool:
+        """After `set_caller_driving(False)`: whether a peer's message waits that was posted
+        before peers could see the release (so nobody rings the engine thread for it). Orders the
+        release before the look, which costs a round trip between cores: only a rank with work
+        pending asks (a rank without would only answer 'nothing ready')."""
+        return self.pending()
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from horovod.common.transport.activity import PeerActivity
-from horovod.common.transport.shm.signals import Bells, Signals
+from horovod.common.transport.shm.signals import Bells, Signals, fence
 
 
 class ShmActivity(PeerActivity):
@@ -32,3 +32,7 @@ class ShmActivity(PeerActivity):
 
     def set_caller_driving(self, on: bool) -> None:
         self._signals.set_driven(on)
+
+    def waiting_after_release(self) -> bool:
+        fence()  # our DRIVEN word before our look at the peers' counters (they do the reverse)
+        return self._signals.pending()

@@ -206,14 +206,12 @@ class Signals:
             fence()
 
     def set_driven(self, on: bool) -> None:
-        """A framework thread drives the engine (on) or no longer does. When it stops, a peer
-        that posts a message from then on rings the idle engine thread; `pending()` after this
-        sees any message posted before (the fence orders our word before that look)."""
+        """A framework thread drives the engine (on) or no longer does: a peer that posts a
+        message once it sees the word cleared rings the idle engine thread. No fence: it would
+        wait for the peer's core to give up the line it last read (see `ShmActivity`)."""
         self.mine.header[DRIVEN] = int(on)
         self._driven = on
         self.spin = SPIN_SECONDS if on else BACKGROUND_SPIN_SECONDS
-        if not on:
-            fence()
 
     def pending(self) -> bool:
         """True when a local peer has posted a control message we have not read yet."""
