@@ -351,17 +351,18 @@ def barrier_async(process_set: ProcessSet = global_process_set) -> Handle:
 
 
 def submit_waited(submit: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """`submit(*args, **kwargs)`, which submits ops that this thread waits for right after (the
-    blocking form of a collective, an optimizer's gradients). The one way a caller tells the
-    engine so: the engine thread is not woken for them, and the first wait runs their cycle on
-    this thread (`Engine.waited`). Returns what `submit` returned."""
-    with basics.runtime().engine.waited():
+    """`submit(*args, **kwargs)`, which submits ops (any number of calls: an optimizer's
+    gradients) that this thread waits for right after. They go to the engine as one batch when
+    `submit` returns, so that no cycle takes part of them (`Engine.batch`); the engine thread
+    is not woken for them, and the first wait runs their cycle on this thread. Returns what
+    `submit` returned."""
+    with basics.runtime().engine.batch():
         return submit(*args, **kwargs)
 
 
 def run_now(submit: Callable[..., Waitable], *args: Any, **kwargs: Any) -> Any:
-    """Submit with `submit(*args, **kwargs)` and wait for the result on this thread, which runs
-    the engine itself meanwhile (`submit_waited`, written out: every blocking op comes here)."""
+    """Submit with `submit(*args, **kwargs)` (one call: a blocking collective) and wait for the
+    result on this thread, which runs the engine itself meanwhile (`Engine.waited`)."""
     with basics.runtime().engine.waited():
         pending = submit(*args, **kwargs)
     return pending.wait()

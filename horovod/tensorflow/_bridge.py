@@ -33,7 +33,7 @@ import tensorflow as tf
 from tensorflow.python.framework.func_graph import FuncGraph
 from tensorflow.python.ops import control_flow_util
 
-from horovod.common import basics
+from horovod.common import basics, ops
 from horovod.common.collective_rules import CORE_CALLS, KEEPS_SHAPE
 from horovod.common.process_sets import ProcessSet
 from horovod.common.reduce_ops import DTYPE_NAMES, Adasum, Average
@@ -70,8 +70,9 @@ def _submit(jobs: Sequence[Job], arrays: list[np.ndarray]) -> Callable[[], list[
 
 
 def _host_run(jobs: Sequence[Job], tensors: Sequence[tf.Tensor]) -> list[np.ndarray]:
-    """Submit every job, then wait for every job (eager tensors in, numpy arrays out)."""
-    return _submit(jobs, [np.asarray(t.numpy()) for t in tensors])()
+    """Submit every job, then wait for every job (eager tensors in, numpy arrays out): one batch
+    that this thread runs itself (`ops.submit_waited`)."""
+    return ops.submit_waited(_submit, jobs, [np.asarray(t.numpy()) for t in tensors])()
 
 
 def run(jobs: Sequence[Job], label: str = "HorovodCollective") -> list[list[tf.Tensor]]:

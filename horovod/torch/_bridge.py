@@ -135,14 +135,18 @@ class Pending:
 def start(kind: str, tensors: Sequence[torch.Tensor], grouped: bool = False, inplace: bool = False,
           **kwargs: Any) -> Pending:
     """Submit `tensors` to the core's collective `kind`; the one path every collective here takes."""
-    return Pending(*_submit(kind, tensors, grouped, inplace, kwargs))
+    return _pending(kind, tensors, grouped, inplace, kwargs)
 
 
 def run(kind: str, tensors: Sequence[torch.Tensor], grouped: bool = False, inplace: bool = False,
         **kwargs: Any) -> Any:
-    """Submit and wait: this thread runs the engine itself (see `ops.submit_waited`)."""
-    handle, finish = ops.submit_waited(_submit, kind, tensors, grouped, inplace, kwargs)
-    return finish(ops.wait_as_internal_error(handle))
+    """Submit and wait: this thread runs the engine itself (see `ops.run_now`)."""
+    return ops.run_now(_pending, kind, tensors, grouped, inplace, kwargs)
+
+
+def _pending(kind: str, tensors: Sequence[torch.Tensor], grouped: bool, inplace: bool,
+             kwargs: dict[str, Any]) -> Pending:
+    return Pending(*_submit(kind, tensors, grouped, inplace, kwargs))
 
 
 def _submit(kind: str, tensors: Sequence[torch.Tensor], grouped: bool, inplace: bool,

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from horovod.common.engine.driver import Driver
 from horovod.common.engine.handles import Entry
+from horovod.common.engine.state import SetState
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.settings import Settings
 from horovod.common.transport.base import Transport
@@ -43,25 +44,38 @@ if TYPE_CHECKING:
 
 
 class _Waited(threading.local):
-    """Per thread: how deep it is in `Engine.waited` (submissions whose caller waits at once)."""
+    """Per thread: how deep it is in `Engine.waited` blocks (submissions whose caller waits at
+    once) and in `Engine.batch` blocks, and what it queued in the latter: (set, entries) pairs,
+    released to the cycles all at once when the outermost batch ends."""
 
-    depth = 0
+    def __init__(self) -> None:  # runs once in each thread that uses it
+        self.depth = 0
+        self.batching = 0
+        self.batch: list[tuple[SetState, list[Entry]]] = []
 
 
 class _WaitedSubmissions:
-    """`Engine.waited`: a plain class, because `contextlib`'s generator costs a microsecond per op."""
+    """`Engine.waited` and `Engine.batch`: a plain class, because `contextlib`'s generator costs
+    a microsecond per op."""
 
-    __slots__ = ("_engine", "_waited")
+    __slots__ = ("_engine", "_waited", "_batch")
 
-    def __init__(self, engine: Engine, waited: _Waited) -> None:
-        self._engine, self._waited = engine, waited
+    def __init__(self, engine: Engine, waited: _Waited, batch: bool) -> None:
+        self._engine, self._waited, self._batch = engine, waited, batch
 
     def __enter__(self) -> None:
-        self._waited.depth += 1
+        waited = self._waited
+        waited.depth += 1
+        if self._batch:
+            waited.batching += 1
 
     def __exit__(self, kind: type | None, *exc: object) -> None:
         waited = self._waited
         waited.depth -= 1
+        if self._batch:
+            waited.batching -= 1
+            if not waited.batching and waited.batch:
+                self._engine.release(waited.batch)
         if kind is not None and not waited.depth:
             # The caller will not wait after all: what it submitted is the engine thread's.
             self._engine.wake()
@@ -75,7 +89,8 @@ class Engine(Driver):
                  timeline: Timeline | None) -> None:
         super().__init__(settings, transport, timeline if transport.rank == 0 else None)
         self._waited = _Waited()
-        self._waited_submissions = _WaitedSubmissions(self, self._waited)
+        self._waited_submissions = _WaitedSubmissions(self, self._waited, batch=False)
+        self._batch_submissions = _WaitedSubmissions(self, self._waited, batch=True)
         for set_id, members in sets.items():
             self.register_set(set_id, members)
 
@@ -114,19 +129,45 @@ class Engine(Driver):
                 names.add(name)
             else:
                 names.update([entry.request.name for entry in entries])
-            state.new.extend(entries)
+            waited = self._waited
+            if not waited.batching:
+                state.new.extend(entries)
         self.blocked.last_submit = time.monotonic()
-        if not self._waited.depth:
+        if waited.batching:
+            waited.batch.append((state, entries))  # see `batch`
+            return
+        if not waited.depth:
             self.wake()  # nobody waits for it now: the engine thread runs it
         if self._drive.locked():  # a caller driving the engine may be asleep waiting for peers
             self.wake(driver=True)
 
+    def release(self, batch: list[tuple[SetState, list[Entry]]]) -> None:
+        """Hand a `batch` block's submissions to the cycles, all at once (and empty `batch`)."""
+        for state, entries in batch:
+            if self.sets.get(state.set_id) is not state:  # the set was removed meanwhile
+                for entry in entries:
+                    entry.finish(error=HorovodInternalError(
+                        f"process set {state.set_id} was removed while {entry.name} was pending"))
+                continue
+            with state.lock:
+                state.new.extend(entries)
+        batch.clear()
+        if self._drive.locked():  # a caller driving the engine may be asleep waiting for peers
+            self.wake(driver=True)
+
     def waited(self) -> _WaitedSubmissions:
-        """Around submissions that their caller waits for right after (a blocking collective, an
-        optimizer's gradients): the waiting thread runs their cycle itself (`drive_until`), so
-        the engine thread is not woken; waking it would only make the two threads compete for
-        the GIL and the drive lock, and start a cycle before the last submission is in."""
+        """Around one submission (one call's entries) that its caller waits for right after (a
+        blocking collective): the waiting thread runs its cycle itself (`drive_until`), so the
+        engine thread is not woken; waking it would only make the two threads compete for the
+        GIL and the drive lock."""
         return self._waited_submissions
+
+    def batch(self) -> _WaitedSubmissions:
+        """As `waited`, around several submissions (an optimizer's gradients). They reach the
+        cycles when the block ends, all at once: a cycle that starts meanwhile (the engine
+        thread answering a peer, another thread's wait) cannot take part of them, so the batch
+        negotiates, and fuses, as one."""
+        return self._batch_submissions
 
     def register_set(self, set_id: int, members: tuple[int, ...]) -> None:
         self.cycle.register_set(set_id, members)
