@@ -108,6 +108,9 @@ def test_a_lone_rank_asked_for_shared_memory_needs_none() -> None:
             assert transport.name == name and transport.shm is None  # type: ignore[attr-defined]
             activity = transport.activity
             assert not activity.pending() and activity.fds(True) == {}
-            assert not activity.spin_useful and activity.set_caller_driving(True) is False
+            assert not activity.spin_useful
+            activity.set_caller_driving(True)
+            activity.set_caller_driving(False)
+            assert activity.waiting_after_release() is False  # no peer can have posted anything
         finally:
             transport.close()
