@@ -42,7 +42,7 @@ import numpy as np
 from horovod.benchmarks.__main__ import parse_sizes, run_system
 
 # Keys of a job's conditions beside its sizes (which are positive).
-OTHERS, STOLEN, COPY, TOGETHER, ROUND_TRIP = -1, -2, -3, -4, -5
+OTHERS, STOLEN, COPY, TOGETHER, ROUND_TRIP, STAGING = -1, -2, -3, -4, -5, -6
 
 
 def cpu_seconds() -> tuple[float, float]:
@@ -157,7 +157,7 @@ def busy_processes(count: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
 
-def one_job(system: str, np_: int, sizes: list[int], iters: int, env: dict[str, str], busy: int) -> dict[int, float]:
+def one_job(system: str, np_: int, sizes: list[int], iters: int, env: dict[str, str], busy: int) -> dict[int, float | str]:
     """Median seconds per allreduce, per size, of one fresh job of `system`; and what the machine
     was like meanwhile: OTHERS, the cores everything else kept busy (busy time not the job's, over
     the wall time; the busy processes we start count), STOLEN, the cores the host took from this
@@ -184,7 +184,7 @@ def one_job(system: str, np_: int, sizes: list[int], iters: int, env: dict[str, 
     others = (busy_end - busy_s - job_cpu) / wall
     return {**{row["bytes"]: row["median_s"] for row in result["ops"]["allreduce"]}, OTHERS: max(others, 0.0),
             STOLEN: (stolen_end - stolen) / wall, COPY: copy, TOGETHER: max(before, together_slowdown()),
-            ROUND_TRIP: trip}
+            ROUND_TRIP: trip, STAGING: result.get("staging", "")}
 
 
 def spread(values: list[float]) -> tuple[float, float, float]:
@@ -209,7 +209,7 @@ def main() -> None:
     variants = dict(parse_variant(v) for v in args.variant) or {"": {}}
     runs = [(f"{system} {name}".strip(), system, env) for system in args.systems.split(",")
             for name, env in (variants.items() if system.startswith("khorovod") else [("", {})])]
-    per_job: dict[str, list[dict[int, float]]] = {label: [] for label, _, _ in runs}
+    per_job: dict[str, list[dict[int, float | str]]] = {label: [] for label, _, _ in runs}
     load = [os.getloadavg()[0]]
     for i in range(args.jobs):
         for label, system, env in (runs if i % 2 == 0 else reversed(runs)):
@@ -227,7 +227,7 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
-def report(name: str, per_job: list[dict[int, float]], sizes: list[int], factor: float) -> None:
+def report(name: str, per_job: list[dict[int, float | str]], sizes: list[int], factor: float) -> None:
     print(f"\n{name}:\n| size | per-job medians: min / median / max | slowest job vs median job |\n|---:|---:|---:|")
     for size in sizes:
         times = [job[size] for job in per_job]
@@ -239,11 +239,13 @@ def report(name: str, per_job: list[dict[int, float]], sizes: list[int], factor:
             print(f"| {size >> 10} KiB | {low:.0f} / {mid:.0f} / {high:.0f} us | {mid / high:.2f}x |")
     print("per job (size: median; cores other processes kept busy and cores stolen by the host during the job; "
           "memory copy GB/s just before; how much slower Python ran on two cores at once than alone, the "
-          "worse of just before and just after; a core-to-core round trip just before):")
+          "worse of just before and just after; a core-to-core round trip just before; how rank 0 staged its "
+          "large allreduces at the end, where it applies):")
     for i, job in enumerate(per_job):
         print(f"  job {i:2d}: " + ", ".join(f"{s}: {job[s] * 1e6:.0f} us" for s in sizes)
               + f"; others {job[OTHERS]:.2f} cores, stolen {job[STOLEN]:.2f}, copy {job[COPY]:.1f} GB/s, "
-              f"together {job[TOGETHER]:.2f}x, round trip {job[ROUND_TRIP]:.2f} us")
+              f"together {job[TOGETHER]:.2f}x, round trip {job[ROUND_TRIP]:.2f} us"
+              + (f", staging {job[STAGING]}" if job.get(STAGING) else ""))
 
 
 if __name__ == "__main__":

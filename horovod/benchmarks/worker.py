@@ -54,6 +54,11 @@ class Backend(ABC):
     def barrier(self) -> None:
         self.max_across(np.zeros(1))
 
+    def staging(self) -> str:
+        """How this rank staged its last large two-rank allreduce in shared memory ("ring" or
+        "slots"; khorovod's `transport/shm/staging.py`), '' where that does not apply."""
+        return ""
+
     def close(self) -> None:
         pass
 
@@ -118,6 +123,14 @@ class HorovodApi(Backend):
             return self.hvd.allreduce(values, op=self.hvd.Max, name="bench.times")
         return np.asarray(self.hvd.allreduce(self.torch.from_numpy(values), op=self.hvd.Max,  # type: ignore
                                              name="bench.times"))
+
+    def staging(self) -> str:
+        if self.name != "khorovod":
+            return ""
+        from horovod.common import runtime
+
+        shm = getattr(runtime.current().transport, "shm", None)
+        return "" if shm is None else ("ring" if shm.staging.ring else "slots")
 
     def close(self) -> None:
         self.hvd.shutdown()
@@ -288,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             rows.append(measure(backend, op, nbytes, args.seconds, args.min_iters, args.max_iters, args.warmup))
         report["ops"][op] = rows
+    report["staging"] = backend.staging()
     if backend.rank == 0:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=1)

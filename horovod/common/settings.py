@@ -45,6 +45,14 @@ def job_scale(topology: "Topology", slot: LauncherSlot | None) -> tuple[int, int
     return size, -(-size // max(1, local_size))
 
 
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    """One of `choices` (the first when unset), else ValueError naming the variable and them."""
+    raw = env.get(name, "").strip().lower() or choices[0]
+    if raw not in choices:
+        raise ValueError(f"{name}={raw!r} is not one of {', '.join(choices)}")
+    return raw
+
+
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name, "").strip()
     if not raw:
@@ -222,6 +230,10 @@ class Settings:
     # khorovod extension (HOROVOD_CPU_BINDING=0 to turn off): each rank of a host on its own share
     # of the cores, where nobody placed the processes already (transport/shm/placement.py).
     cpu_binding: bool = True
+    # khorovod extension (HOROVOD_SHM_STAGING): how a large two-rank allreduce in shared memory
+    # stages its pieces: "auto" (measured per rank, transport/shm/staging.py), "slots" (the small
+    # staging slots) or "ring" (a ring larger than the cache, in the fusion region).
+    shm_staging: str = "auto"
     # khorovod extension (HOROVOD_TF_OVERLAP_BACKWARD): inside a tf.function, submit each gradient's
     # allreduce as soon as backward has produced it (tensorflow/backward_overlap.py). None (unset):
     # where a rank has two cores of its own or more, as the torch hooks decide.
@@ -312,6 +324,7 @@ class Settings:
             nccl_hostid=env.get("NCCL_HOSTID", ""),
             nccl_multi_rank_gpu=env.get("NCCL_MULTI_RANK_GPU_ENABLE", "") == "1",
             cpu_binding=_flag(env, "HOROVOD_CPU_BINDING", True),
+            shm_staging=_choice(env, "HOROVOD_SHM_STAGING", ("auto", "slots", "ring")),
             tf_overlap_backward=tristate("HOROVOD_TF_OVERLAP_BACKWARD"),
             torch_overlap_backward=tristate("HOROVOD_TORCH_OVERLAP_BACKWARD"),
             start_timeout=env_float(env, "HOROVOD_START_TIMEOUT", default_timeout),

@@ -16,7 +16,9 @@ r-th piece of what its peers need, and reads what it needs from theirs, one roun
 staging and reading overlap. Allreduce:
 - two members: each stages its buffer and reduces the other's staged copy into its own. The
   operations are commutative, so both hold the same bits; this is as much memory traffic as
-  slicing, in fewer steps.
+  slicing, in fewer steps. A large buffer stages either through the slots or through a ring
+  larger than the cache in the fusion region, whichever this rank measures faster (`staging`:
+  where the host has put the two cores apart, rewriting a slot the peer has just read is slow).
 - more members, or a buffer in the fusion region: every member owns one slice; it reduces its
   slice's piece from every peer (reading a fusion-region buffer in place), publishes the result,
   and copies the others' reduced pieces. Work and traffic split evenly.
@@ -38,7 +40,8 @@ Ordering relies on stores becoming visible in program order (x86-64 and the fenc
 
 Modules: `segment` (layout, mapping, life cycle, the fusion region), `signals` (counters, fences,
 bells, waiting), `placement` (core shares), `mailbox` (control messages), `activity` (what the
-engine sleeps on: mailboxes, bells, the mesh's sockets), `collectives` (the data plane), `transport`
+engine sleeps on: mailboxes, bells, the mesh's sockets), `collectives` (the data plane), `staging`
+(slots or ring for a large two-rank allreduce), `transport`
 (`ShmTransport`: routes each group to shared memory or TCP).
 """
 

@@ -10,6 +10,7 @@ package docstring for the allreduce algorithms and when each runs.
 from __future__ import annotations
 
 import math
+import time
 from typing import Sequence
 
 import numpy as np
@@ -18,6 +19,7 @@ from horovod.common.partition import even_counts, offsets
 from horovod.common.reduce_ops import reduce_into, scale_in_place
 from horovod.common.transport.shm.segment import DEPTH, PIECE_BYTES, HostSegments, address
 from horovod.common.transport.shm.signals import CONSUMED, REDUCED, STAGED, Signals, fence
+from horovod.common.transport.shm.staging import RING_BYTES, RING_MIN_BYTES, RING_MIN_SIZE, StagingChoice
 
 # Up to this size an allreduce stages the whole buffer once and every rank reduces all of it.
 SMALL_ALLREDUCE_BYTES = 64 * 1024
@@ -28,7 +30,7 @@ _STAGED, _STAGED_CONSUMED = (STAGED,), (STAGED, CONSUMED)
 class Collectives:
     """allreduce, reducescatter, allgatherv, broadcast and alltoallv among local ranks."""
 
-    def __init__(self, host: HostSegments, signals: Signals) -> None:
+    def __init__(self, host: HostSegments, signals: Signals, staging: StagingChoice) -> None:
         self.me, self.rank, self.index = host.me, host.rank, host.index
         self.layout, self.segments, self.mine = host.layout, host.mapped, host.mine
         self.group, self._descriptor = host.group, host.descriptor
@@ -37,10 +39,17 @@ class Collectives:
         self.rounds = [0] * len(host.members)  # rounds completed with each peer
         self.slot_readers: list[list[tuple[int, int]]] = [[] for _ in range(DEPTH)]
         self._typed_views: dict[np.dtype, list] = {}
+        self._reserve = host.fusion_buffer  # the ring of large two-rank allreduces lives in the fusion region
+        ring_bytes = min(RING_BYTES, self.layout.fusion_bytes) // self.layout.slot_bytes * self.layout.slot_bytes
+        self._ring_depth = ring_bytes // self.layout.slot_bytes if ring_bytes >= RING_MIN_SIZE else 0
+        self._ring_views: dict[tuple[int, np.dtype, int], list[np.ndarray]] = {}
+        self._ring_cursor = 0
+        self.staging = staging
 
     def close(self) -> None:
         """Drop our typed views of the segments, so that their mappings can go."""
         self._typed_views.clear()
+        self._ring_views.clear()
 
     def _typed(self, dtype: np.dtype) -> list[tuple[list[np.ndarray], np.ndarray]]:
         """Per local rank: its slots and its fusion region as arrays of `dtype` (made once per dtype)."""
@@ -111,38 +120,83 @@ class Collectives:
         own. The operations are commutative (a + b and b + a are the same bits), so both end alike;
         it is as much work as slicing for two, with fewer steps. Every small op of a 2-rank job
         comes here, so it writes its own two counters rather than going through `progress`
-        (half the time of a 4 KiB op)."""
+        (half the time of a 4 KiB op). A large buffer may stage through the ring instead of the
+        small slots (`staging`); which one travels with the first round."""
         q = gl[1 - pos]
         base = self.rounds[q]
         pe = self.layout.slot_bytes // buf.itemsize
         total_rounds = math.ceil(buf.size / pe)
         typed = self._typed(buf.dtype)
-        mine, theirs = typed[self.me][0], typed[q][0]
+        mine, theirs, depth = typed[self.me][0], typed[q][0], DEPTH
         counters = self.mine.counters
         staged, consumed = counters[STAGED], counters[CONSUMED]
         ring, readers = self._ring, self.slot_readers
+        large = buf.nbytes >= RING_MIN_BYTES
+        on_ring = large and self.staging.use_ring()
+        start = 0  # the piece round 0 goes to: a ring op goes on where the last one ended
+        if on_ring:
+            pieces = self._ring_pieces(self.me, buf.dtype, pe, self._ring_depth)
+            on_ring = pieces is not None
+            if pieces is not None:
+                mine, depth, start = pieces, len(pieces), self._ring_cursor
+                self._ring_cursor = (start + total_rounds) % depth
+        if large:  # before round 0 is staged: the peer reads them then
+            self.mine.slot_desc[1], self.mine.slot_desc[2] = (depth if on_ring else 0), start
+        staging = 0.0
 
         def stage(r: int) -> None:
-            self._reuse(r % DEPTH)
+            nonlocal staging
+            if on_ring:
+                if r >= depth:  # the peer has read what this piece held, depth rounds ago
+                    self._wait(q, CONSUMED, base + r - depth + 1)
+            else:
+                self._reuse(r % DEPTH)
+                readers[r % DEPTH] = [(q, base + r + 1)]
             chunk = buf[r * pe: (r + 1) * pe]
-            np.copyto(mine[r % DEPTH][: chunk.size], chunk)
-            readers[r % DEPTH] = [(q, base + r + 1)]
+            if large:
+                began = time.perf_counter()
+                np.copyto(mine[(start + r) % depth][: chunk.size], chunk)
+                staging += time.perf_counter() - began
+            else:
+                np.copyto(mine[r % DEPTH][: chunk.size], chunk)
             staged[q] = base + r + 1
 
         stage(0)
         fence()
         ring(_STAGED, gl)
+        peer_depth, peer_start = DEPTH, 0
         for r in range(total_rounds):
             if r + 1 < total_rounds:
                 stage(r + 1)
             self._wait(q, STAGED, base + r + 1)
+            if large and r == 0:
+                peer_ring = int(self.segments[q].slot_desc[1])
+                if peer_ring:
+                    theirs = self._ring_pieces(q, buf.dtype, pe, peer_ring)
+                    peer_depth, peer_start = peer_ring, int(self.segments[q].slot_desc[2])
             chunk = buf[r * pe: (r + 1) * pe] if total_rounds > 1 else buf
-            reduce_into(chunk, theirs[r % DEPTH][: chunk.size], op)
+            reduce_into(chunk, theirs[(peer_start + r) % peer_depth][: chunk.size], op)
             scale_in_place(chunk, postscale)
             consumed[q] = base + r + 1  # its slot r % DEPTH is free again
             fence()
             ring(_STAGED_CONSUMED, gl)
+        if on_ring:  # the ring is our fusion region, which the next op may fill: the peer must be done with it
+            self._wait(q, CONSUMED, base + total_rounds)
+        if large:
+            self.staging.record(on_ring, staging, buf.nbytes)
         counters[REDUCED][q] = self.rounds[q] = base + total_rounds  # as `_finish` leaves a pair
+
+    def _ring_pieces(self, q: int, dtype: np.dtype, pe: int, depth: int) -> list[np.ndarray] | None:
+        """Local rank q's ring (its fusion region) as `depth` pieces of `pe` elements; for our own,
+        None when the region cannot hold a ring (see `staging`)."""
+        key = (q, dtype, depth)
+        pieces = self._ring_views.get(key)
+        if pieces is None:
+            if q == self.me and (depth == 0 or self._reserve(depth * pe * dtype.itemsize) is None):
+                return None
+            region = self._typed(dtype)[q][1]
+            pieces = self._ring_views[key] = [region[i * pe: (i + 1) * pe] for i in range(depth)]
+        return pieces
 
     def _sliced(self, gl: list[int], pos: int, buf: np.ndarray, out: np.ndarray | None, counts: Sequence[int],
                 op: int, postscale: float = 1.0) -> None:

@@ -50,6 +50,9 @@ class Layout:
     def __init__(self, local_size: int, fusion: int) -> None:
         self.header_bytes = 8 * HEADER_WORDS
         self.counters = self.header_bytes
+        # Words a collective publishes for its peers before its first round: [0] where its buffer
+        # lies in the fusion region (sliced allreduce), [1] and [2] the depth of the ring it
+        # stages through and the piece it starts at (two-rank allreduce, `staging`).
         self.slot_desc = self.counters + 8 * KINDS * local_size
         self.channels = round_up(self.slot_desc + 8 * DEPTH)
         self.slots = self.channels + 2 * CHANNEL_BYTES * local_size

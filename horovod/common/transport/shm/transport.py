@@ -10,6 +10,7 @@ import numpy as np
 
 from horovod.common.logging import log
 from horovod.common.reduce_ops import scale_in_place
+from horovod.common.settings import Settings
 from horovod.common.transport.activity import PeerActivity
 from horovod.common.transport.base import Transport, TransportContext
 from horovod.common.transport.shm.activity import ShmActivity
@@ -18,6 +19,7 @@ from horovod.common.transport.shm.mailbox import Mailbox
 from horovod.common.transport.shm.placement import CoreShare
 from horovod.common.transport.shm.segment import HostSegments, Unavailable
 from horovod.common.transport.shm.signals import Signals
+from horovod.common.transport.shm.staging import StagingChoice
 from horovod.common.transport.tcp import TcpTransport
 
 # The largest fusion region a segment reserves address space for.
@@ -57,8 +59,7 @@ class ShmTransport(Transport):
         self._local = set(self.local_ranks)
         if len(self.local_ranks) > 1:
             try:
-                self._open(min(context.settings.fusion_threshold, _MAX_FUSION_BYTES),
-                           context.settings.peer_timeout_seconds, context.settings.cpu_binding)
+                self._open(min(context.settings.fusion_threshold, _MAX_FUSION_BYTES), context.settings)
             except Unavailable as exc:
                 log.warning("rank %d: shared memory is unavailable (%s); ranks on this host talk over TCP",
                             rank, exc)
@@ -68,15 +69,16 @@ class ShmTransport(Transport):
         # Per group: where its collectives and its control messages go.
         self._routes: dict[tuple[int, ...], tuple[Collectives | TcpTransport, Mailbox | TcpTransport]] = {}
 
-    def _open(self, fusion_bytes: int, peer_timeout: float, bind: bool) -> None:
+    def _open(self, fusion_bytes: int, settings: Settings) -> None:
         """Set up shared memory with the other ranks of this host (collectively)."""
         host = self.host = HostSegments(self.tcp, self.local_ranks, self.rank, fusion_bytes)
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        signals = self.signals = Signals(host, self.tcp, peer_timeout, may_spin=len(self.local_ranks) <= cpus)
-        if bind:
+        signals = self.signals = Signals(host, self.tcp, settings.peer_timeout_seconds,
+                                         may_spin=len(self.local_ranks) <= cpus)
+        if settings.cpu_binding:
             signals.own_core = self.cores.bind(host.me, len(self.local_ranks)) is not None
         self.mailbox = Mailbox(host, signals, self.tcp)
-        self.shm = Collectives(host, signals)
+        self.shm = Collectives(host, signals, StagingChoice(settings.shm_staging))
         signals.attach()
         assert host.bells is not None  # HostSegments raised without them
         self._activity = ShmActivity(self.tcp.activity, signals, host.bells)
