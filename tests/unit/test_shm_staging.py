@@ -10,7 +10,7 @@ def ops(choice: StagingChoice, count: int, slots_seconds: float, ring_seconds: f
     taken = []
     for _ in range(count):
         ring = choice.use_ring()
-        choice.record(ring, ring_seconds if ring else slots_seconds, MIB64)
+        choice.record(ring, (ring_seconds if ring else slots_seconds) / MIB64)
         taken.append(ring)
     return taken
 
@@ -47,11 +47,11 @@ def test_the_first_op_through_the_ring_does_not_count():
     # It maps the ring's pages as it goes (28 ms for 64 MiB here), then runs at its speed (6 ms).
     choice = StagingChoice()
     first = [choice.use_ring() for _ in range(3)]
-    choice.record(False, 0.028, MIB64)
+    choice.record(False, 0.028 / MIB64)
     assert choice.use_ring()
-    choice.record(True, 0.028, MIB64)
+    choice.record(True, 0.028 / MIB64)
     assert choice.use_ring()
-    choice.record(True, 0.006, MIB64)
+    choice.record(True, 0.006 / MIB64)
     assert first == [False] * 3 and choice.ring
 
 

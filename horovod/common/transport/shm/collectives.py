@@ -142,10 +142,9 @@ class Collectives:
                 self._ring_cursor = (start + total_rounds) % depth
         if large:  # before round 0 is staged: the peer reads them then
             self.mine.slot_desc[1], self.mine.slot_desc[2] = (depth if on_ring else 0), start
-        staging = 0.0
+        staging: list[float] = []  # seconds per byte of each piece staged (a large op's)
 
         def stage(r: int) -> None:
-            nonlocal staging
             if on_ring:
                 if r >= depth:  # the peer has read what this piece held, depth rounds ago
                     self._wait(q, CONSUMED, base + r - depth + 1)
@@ -156,7 +155,7 @@ class Collectives:
             if large:
                 began = time.perf_counter()
                 np.copyto(mine[(start + r) % depth][: chunk.size], chunk)
-                staging += time.perf_counter() - began
+                staging.append((time.perf_counter() - began) / chunk.nbytes)
             else:
                 np.copyto(mine[r % DEPTH][: chunk.size], chunk)
             staged[q] = base + r + 1
@@ -182,8 +181,8 @@ class Collectives:
             ring(_STAGED_CONSUMED, gl)
         if on_ring:  # the ring is our fusion region, which the next op may fill: the peer must be done with it
             self._wait(q, CONSUMED, base + total_rounds)
-        if large:
-            self.staging.record(on_ring, staging, buf.nbytes)
+        if large:  # the median piece: a piece that lost the core to another process says nothing
+            self.staging.record(on_ring, sorted(staging)[len(staging) // 2])
         counters[REDUCED][q] = self.rounds[q] = base + total_rounds  # as `_finish` leaves a pair
 
     def _ring_pieces(self, q: int, dtype: np.dtype, pe: int, depth: int) -> list[np.ndarray] | None:

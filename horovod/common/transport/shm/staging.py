@@ -43,7 +43,7 @@ class StagingChoice:
     def __init__(self, mode: str = "auto") -> None:
         self.mode = mode
         self.ring = mode == "ring"  # the choice in force
-        self._slots_cost: float | None = None  # seconds per byte, the latest large op through each
+        self._slots_cost: float | None = None  # seconds per byte, the latest large op's through each
         self._ring_cost: float | None = None
         self._ring_touched = False  # the ring's memory has been through one op
         self._ops = 0
@@ -55,11 +55,11 @@ class StagingChoice:
             return False  # look at the small slots again
         return self.ring
 
-    def record(self, ring: bool, seconds: float, nbytes: int) -> None:
-        """A large operation staged `nbytes` through the ring (or the small slots) in `seconds`."""
+    def record(self, ring: bool, cost: float) -> None:
+        """A large operation staged through the ring (or the small slots) at `cost` seconds per
+        byte (its median piece's)."""
         if self.mode != "auto":
             return
-        cost = seconds / nbytes
         if ring and not self._ring_touched:
             # The first op through the ring also maps its pages (a fault per page): not its speed.
             self._ring_touched = True
